@@ -1,0 +1,5 @@
+import sys
+
+from kvsim.cli import main
+
+sys.exit(main())

@@ -1,0 +1,81 @@
+"""What the engine tells a cost model about a step, and what it gets back.
+
+The scheduler builds a :class:`BatchShape` for every step; a cost model turns it
+into seconds. The cost model never sees blocks or request ids (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """One engine step, as the GPU sees it.
+
+    ``num_new_tokens[i]`` tokens are computed for the i-th scheduled request,
+    whose KV cache already holds ``num_context_tokens[i]`` tokens before this
+    step (prefix-cache hits and earlier chunks included). A decode is
+    ``num_new_tokens == 1``; a prefill chunk is any larger count (a 1-token
+    prefill chunk is costed like a decode, which is what the GPU does).
+    ``num_sampled`` requests emit a token this step (LM head + sampling).
+    ``swap_bytes`` are moved between CPU and GPU memory in this step
+    (swap preemption of the ``continuous`` scheduler).
+    """
+
+    num_new_tokens: np.ndarray
+    num_context_tokens: np.ndarray
+    num_sampled: int
+    swap_bytes: int = 0
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.num_new_tokens)
+
+    @property
+    def total_new_tokens(self) -> int:
+        return int(self.num_new_tokens.sum())
+
+    @classmethod
+    def from_lists(cls, new_tokens, context_tokens, num_sampled: int | None = None,
+                   swap_bytes: int = 0) -> "BatchShape":
+        new = np.asarray(new_tokens, dtype=np.int64)
+        ctx = np.asarray(context_tokens, dtype=np.int64)
+        if num_sampled is None:
+            num_sampled = len(new)
+        return cls(new, ctx, int(num_sampled), int(swap_bytes))
+
+
+class CostModel(Protocol):
+    """Turns a step into seconds on the simulated GPU(s)."""
+
+    def step_time(self, batch: BatchShape) -> float:
+        """Seconds the engine spends on this step (GPU + per-step CPU overhead)."""
+        ...
+
+    def decode_step_times(self, num_seqs: int, context_token_sums: np.ndarray) -> np.ndarray:
+        """Seconds of each of several decode-only steps, vectorised (fast path).
+
+        Every step decodes one token for each of ``num_seqs`` requests, all of
+        which sample; ``context_token_sums[k]`` is the sum over the batch of
+        the tokens in the KV cache before step k. Must equal ``step_time`` on
+        the equivalent ``BatchShape`` (to 1e-12 relative): a decode step's cost
+        depends on the contexts only through their sum.
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class ConstantCostModel:
+    """Every step takes ``step_time_s``: for step-exact tests and teaching."""
+
+    step_time_s: float = 1.0
+
+    def step_time(self, batch: BatchShape) -> float:
+        return self.step_time_s
+
+    def decode_step_times(self, num_seqs: int, context_token_sums: np.ndarray) -> np.ndarray:
+        return np.full(len(context_token_sums), self.step_time_s, dtype=float)

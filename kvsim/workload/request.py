@@ -1,0 +1,39 @@
+"""The request a workload hands to the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One request as it arrives at the engine.
+
+    Token ids are real content: two requests share a cached prefix exactly when
+    their leading token ids are equal (and their ``cache_salt`` is the same).
+    ``output_token_ids``, when given, are the tokens the request generates (so a
+    later turn can quote them and hit their cached blocks); otherwise the
+    engine makes fresh ids that collide with nothing.
+
+    A request with ``after_request_id`` is released ``think_time_s`` after that
+    request finishes (multi-turn sessions, closed-loop clients) instead of at
+    ``arrival_time_s``.
+    """
+
+    request_id: str
+    arrival_time_s: float
+    prompt_token_ids: np.ndarray          # int64, length >= 1
+    max_tokens: int                       # exact number of tokens generated (EOS ignored)
+    priority: int = 0
+    output_token_ids: np.ndarray | None = None
+    cache_salt: str | None = None
+    n: int = 1                            # parallel samples sharing the prompt (copy-on-write)
+    beam_width: int = 1                   # beam search width (copy-on-write)
+    after_request_id: str | None = None
+    think_time_s: float = 0.0
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
