@@ -17,6 +17,10 @@ class RequestSpec:
     later turn can quote them and hit their cached blocks); otherwise the
     engine makes fresh ids that collide with nothing.
 
+    Fresh ids are negative (no prompt holds them) unless ``output_id_base`` is
+    set: requests files use ``1_000_000 * (line index + 1)``, the scheme of the
+    vLLM oracle, so a later prompt can quote an earlier answer by its ids.
+
     A request with ``after_request_id`` is released ``think_time_s`` after that
     request finishes (multi-turn sessions, closed-loop clients) instead of at
     ``arrival_time_s``.
@@ -33,6 +37,7 @@ class RequestSpec:
     beam_width: int = 1                   # beam search width (copy-on-write)
     after_request_id: str | None = None
     think_time_s: float = 0.0
+    output_id_base: int | None = None     # generated token k gets id base + k (see below)
 
     @property
     def num_prompt_tokens(self) -> int:
