@@ -1,0 +1,204 @@
+"""``chunked``: vLLM V1's scheduler (decode-first, chunked prefill, token budget).
+
+There is no prefill or decode phase (kv-semantics S1): every request wants
+``num_tokens - num_computed_tokens`` tokens, and one step hands out at most
+``max_num_batched_tokens`` of them — RUNNING requests first, in list order,
+then WAITING ones, unless something was preempted in this step.
+
+This is the reference path: it follows ``vllm/v1/core/sched/scheduler.py``
+(0.33) rule by rule, and the golden traces of the real scheduler check it.
+"""
+
+from __future__ import annotations
+
+from kvsim.kv.manager import KVCacheManager, cdiv
+from kvsim.sched.base import StepPlan, make_waiting_queue
+from kvsim.sched.config import SchedulerConfig
+from kvsim.sched.request import Request, RequestStatus
+
+
+class ChunkedScheduler:
+    """vLLM V1 ``Scheduler`` in synchronous mode, with fake one-token outputs."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.kv = KVCacheManager(
+            config.num_gpu_blocks, config.block_size, max_model_len=config.max_model_len,
+            enable_caching=config.enable_prefix_caching,
+            lifo_unhashed=config.lifo_unhashed_free, debug=config.debug)
+        self.waiting = make_waiting_queue(config.policy)
+        self.running: list[Request] = []
+        # N2: vLLM sizes the watermark on all blocks, the null block included.
+        self.watermark_blocks = int(config.watermark * config.num_gpu_blocks)
+
+    # ------------------------------------------------------------ protocol
+
+    def add_request(self, req: Request) -> None:
+        self.waiting.add(req)
+
+    def has_requests(self) -> bool:
+        return bool(self.running) or bool(len(self.waiting))
+
+    def get_request_counts(self) -> tuple[int, int]:
+        return len(self.running), len(self.waiting)
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        # N4: the threshold only stops a long prefill starving *other*
+        # requests; alone in the system, a request may use the whole budget.
+        num_in_system = len(self.running) + len(self.waiting)
+        self._threshold = self.config.long_prefill_token_threshold if num_in_system > 1 else 0
+        budget = self._schedule_running(plan, self.config.max_num_batched_tokens)
+        if not plan.preempted:
+            # S3: a step that preempted admits nothing.
+            self._schedule_waiting(plan, budget)
+        # S6: computed tokens advance at schedule time, before execution.
+        for req, n, _ in plan.scheduled:
+            req.num_computed_tokens += n
+            if req.num_computed_tokens >= req.num_tokens:
+                plan.num_sampled += 1
+        return plan
+
+    def update_from_output(self, plan: StepPlan, now: float) -> list[Request]:
+        """Every request whose chunk reached its last token samples one (S7)."""
+        finished = []
+        for req, _, _ in plan.scheduled:
+            if req.status is not RequestStatus.RUNNING or req.num_computed_tokens < req.num_tokens:
+                continue
+            req.num_output_tokens += 1
+            req.token_times.append(now)
+            if len(req.token_times) == 1:
+                req.first_token_time = now
+            if req.is_finished:
+                finished.append(req)
+        for req in finished:
+            # Freed at once, in scheduled order, tail block first (S7, B6).
+            req.status = RequestStatus.FINISHED
+            req.finish_time = now
+            self.running.remove(req)
+            self.kv.free(req)
+        return finished
+
+    # ------------------------------------------------------------- running
+
+    def _schedule_running(self, plan: StepPlan, budget: int) -> int:
+        """S2: give each running request its chunk, preempting when blocks run out."""
+        cfg = self.config
+        scheduled_now: dict[str, int] = {}
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = req.num_tokens - req.num_computed_tokens
+            if 0 < self._threshold < n:
+                n = self._threshold
+            # One slot stays free for the token this step samples.
+            n = min(n, budget, cfg.max_model_len - req.num_computed_tokens - 1)
+            if n <= 0:
+                i += 1
+                continue
+            while True:
+                if self.kv.allocate_slots(req, n) is not None:
+                    break
+                victim = self._pick_victim()
+                vi = self.running.index(victim)
+                del self.running[vi]
+                if vi < i:
+                    i -= 1
+                if victim.request_id in scheduled_now:
+                    # [new] P1: roll the victim's entry and budget back.
+                    budget += scheduled_now.pop(victim.request_id)
+                    plan.scheduled = [e for e in plan.scheduled if e[0] is not victim]
+                self._preempt(victim, plan)
+                if victim is req:
+                    break
+            if req.status is RequestStatus.PREEMPTED:
+                if cfg.policy == "priority":
+                    # P4 [new]: the victim left the list, so i already
+                    # points at the next (higher-priority) request.
+                    continue
+                break
+            plan.scheduled.append((req, n, req.num_computed_tokens))
+            scheduled_now[req.request_id] = n
+            budget -= n
+            i += 1
+        return budget
+
+    def _pick_victim(self) -> Request:
+        """P1: FCFS takes the last running request; priority the worst one.
+
+        ``max`` keeps the first of equal keys, so ties go to the earliest in
+        the running list, as in vLLM.
+        """
+        if self.config.policy == "priority":
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+        return self.running[-1]
+
+    def _preempt(self, req: Request, plan: StepPlan) -> None:
+        """P2: recompute preemption: free everything, back to the queue front."""
+        self.kv.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.num_preemptions += 1
+        self.waiting.prepend(req)
+        plan.preempted.append(req)
+
+    # ------------------------------------------------------------- waiting
+
+    def _schedule_waiting(self, plan: StepPlan, budget: int) -> int:
+        """S3-S5: admit from the waiting queue until a request does not fit."""
+        cfg = self.config
+        kv = self.kv
+        while budget > 0 and len(self.waiting):
+            if len(self.running) >= cfg.max_num_seqs:
+                break                               # TV9: the cap counts running requests
+            req = self.waiting.peek()
+            if req.num_computed_tokens == 0:
+                hits, num_hit = kv.get_computed_blocks(req)
+            else:
+                hits, num_hit = [], req.num_computed_tokens
+            n = req.num_tokens - num_hit
+            if 0 < self._threshold < n:
+                n = self._threshold
+            if not cfg.enable_chunked_prefill and n > budget:
+                break                               # S4 [new]: break, do not skip
+            n = min(n, budget)
+            fit = None
+            if cfg.scheduler_reserve_full_isl:
+                fit = min(req.num_tokens, cfg.max_model_len)
+            if not self._can_admit(req, n, num_hit, hits, fit):
+                break                               # TV10: head-of-line blocking
+            kv.allocate_slots(req, n, num_hit, hits)
+            self.waiting.pop()
+            self.running.append(req)
+            if req.status is RequestStatus.PREEMPTED:
+                plan.resume_hit_tokens[req.request_id] = num_hit
+            else:
+                plan.prefix_hit_tokens[req.request_id] = num_hit
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit     # S5: recorded the first time only
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens = num_hit
+            plan.scheduled.append((req, n, num_hit))
+            budget -= n
+        return budget
+
+    def _can_admit(self, req: Request, n: int, num_hit: int, hits: list[int],
+                   full_tokens: int | None) -> bool:
+        """Would ``allocate_slots`` succeed for this admission? (N1, N2, A2)
+
+        The watermark applies to waiting and preempted requests only while
+        something is running; with ``scheduler_reserve_full_isl`` the blocks
+        for the whole current sequence must fit now, though only this chunk's
+        are taken.
+        """
+        kv = self.kv
+        wm = self.watermark_blocks if self.running else 0
+        free = kv.get_num_free_blocks()
+        if full_tokens is not None:
+            if kv.num_blocks_to_allocate(req, full_tokens, hits) + wm > free:
+                return False
+        need = min(num_hit + n, self.config.max_model_len)
+        return kv.num_blocks_to_allocate(req, need, hits) + wm <= free
+
+    def blocks_needed_alone(self, req: Request) -> int:
+        return cdiv(req.final_num_tokens, self.config.block_size)

@@ -1,0 +1,32 @@
+"""Engine knobs the schedulers read, under vLLM's names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Resolved scheduler settings (the scenario loader fills in the defaults).
+
+    ``num_gpu_blocks`` counts vLLM's null block, so ``num_gpu_blocks - 1``
+    blocks are usable (kv-semantics B2).
+    """
+
+    num_gpu_blocks: int
+    block_size: int = 16
+    max_model_len: int = 4096
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    policy: str = "fcfs"                      # fcfs | priority
+    scheduler_reserve_full_isl: bool = True   # vLLM 0.20+ admission gate (N1)
+    watermark: float = 0.0                    # fraction of blocks kept free at admission (N2)
+    lifo_unhashed_free: bool = True           # vLLM 0.27+ LIFO reuse of unhashed blocks (B7)
+    # continuous (V0) only
+    preemption_mode: str = "recompute"        # recompute | swap
+    num_cpu_blocks: int = 0                   # swap space, in blocks
+    swap_block_bytes: int = 0                 # bytes of one block, for swap traffic
+    debug: bool = False                       # keep tokens per block; check every hit

@@ -1,0 +1,234 @@
+"""The SimPy engine loop: schedule -> cost -> advance clock -> apply outputs -> record.
+
+Two processes tell the whole story::
+
+    arrivals:  wait until the next request arrives, put it in the waiting
+               queue, wake the engine if it sleeps
+    engine:    while there is work: plan a step, cost it, yield its duration,
+               apply its outputs; sleep when idle
+
+Arrival events are URGENT in SimPy's sense, so every request arriving at or
+before a step's start time is in the queue when that step is scheduled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+from simpy.core import URGENT
+from simpy.events import Event
+
+from kvsim.cost.base import BatchShape, CostModel
+from kvsim.sched.base import Scheduler, StepPlan
+from kvsim.sched.request import Request, RequestStatus
+from kvsim.workload.request import RequestSpec
+
+
+class _ArrivalTimeout(Event):
+    """A timeout that fires before ordinary events at the same instant."""
+
+    def __init__(self, env: simpy.Environment, delay: float) -> None:
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        env.schedule(self, URGENT, delay)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: int
+    start_time_s: float
+    duration_s: float
+    num_prefill_tokens: int
+    num_decode_tokens: int
+    num_scheduled_reqs: int
+    num_running: int
+    num_waiting: int
+    num_preempted: int
+    num_finished: int
+    num_free_blocks: int
+    kv_cache_usage: float
+
+
+class Engine:
+    """One serving engine replica driven by SimPy.
+
+    ``make_request(spec, index, arrival_time)`` builds the engine's request
+    state; ``check_request(req)`` returns a reason string when the request can
+    never run (it is then reported as failed instead of being queued).
+    """
+
+    def __init__(self, scheduler: Scheduler, cost_model: CostModel, *,
+                 make_request: Callable[[RequestSpec, int, float], Request],
+                 check_request: Callable[[Request], str],
+                 trace: Callable[[dict], None] | None = None,
+                 concurrency: int | None = None) -> None:
+        self.env = simpy.Environment()
+        self.scheduler = scheduler
+        self.cost_model = cost_model
+        self.make_request = make_request
+        self.check_request = check_request
+        self.trace = trace
+        self.concurrency = concurrency
+        self.steps: list[StepRecord] = []
+        self.done: list[Request] = []            # finished or failed, in order
+        self.num_arrived = 0
+        self._wake: Event | None = None
+        self._index = 0
+        self._specs: Iterator[RequestSpec] = iter(())
+        self._arrivals_done = False
+        self._parked: dict[str, list[RequestSpec]] = {}   # waiting on another request
+        self._finished_at: dict[str, float] = {}
+        self._num_pending_releases = 0
+
+    # ---------------------------------------------------------------- run
+
+    def run(self, specs: Iterator[RequestSpec]) -> None:
+        self._specs = iter(specs)
+        if self.concurrency:
+            for _ in range(self.concurrency):
+                self._release_next_closed_loop()
+            self._arrivals_done = True
+        else:
+            self.env.process(self._arrivals())
+        self.env.process(self._engine())
+        self.env.run()
+        stuck = sum(len(v) for v in self._parked.values())
+        if stuck:
+            raise RuntimeError(f"{stuck} requests wait on requests that never arrived")
+
+    # ---------------------------------------------------------- processes
+
+    def _arrivals(self):
+        for spec in self._specs:
+            if spec.after_request_id is not None:
+                self._park(spec)
+                continue
+            delay = spec.arrival_time_s - self.env.now
+            if delay > 0:
+                yield _ArrivalTimeout(self.env, delay)
+            self._admit(spec, max(spec.arrival_time_s, self.env.now))
+        self._arrivals_done = True
+
+    def _engine(self):
+        env, sched = self.env, self.scheduler
+        while True:
+            if not sched.has_requests():
+                if self._arrivals_done and not self._num_pending_releases:
+                    return
+                self._wake = env.event()
+                yield self._wake
+                self._wake = None
+                continue
+            start = env.now
+            plan = sched.schedule()
+            for req, _, _ in plan.scheduled:
+                if math.isnan(req.scheduled_time):
+                    req.scheduled_time = start
+            duration = self.cost_model.step_time(self._batch_shape(plan))
+            yield env.timeout(duration)
+            finished = sched.update_from_output(plan, env.now)
+            self._record(plan, finished, start, duration)
+            for req in finished:
+                self._on_done(req)
+            if plan.is_empty and not self._progress_possible():
+                self._fail_unschedulable()
+
+    # ------------------------------------------------------------ helpers
+
+    def _admit(self, spec: RequestSpec, now: float) -> None:
+        req = self.make_request(spec, self._index, now)
+        self._index += 1
+        self.num_arrived += 1
+        reason = self.check_request(req)
+        if reason:
+            req.status = RequestStatus.FAILED
+            req.fail_reason = reason
+            req.finish_time = now
+            self._on_done(req)
+            return
+        self.scheduler.add_request(req)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
+    def _park(self, spec: RequestSpec) -> None:
+        dep = spec.after_request_id
+        if dep in self._finished_at:
+            self._schedule_release(spec, self._finished_at[dep] + spec.think_time_s)
+        else:
+            self._parked.setdefault(dep, []).append(spec)
+
+    def _schedule_release(self, spec: RequestSpec, at: float) -> None:
+        self._num_pending_releases += 1
+
+        def release(_event, spec=spec, at=at):
+            self._num_pending_releases -= 1
+            self._admit(spec, at)
+
+        ev = _ArrivalTimeout(self.env, max(0.0, at - self.env.now))
+        ev.callbacks.append(release)
+
+    def _on_done(self, req: Request) -> None:
+        self.done.append(req)
+        self._finished_at[req.request_id] = req.finish_time
+        for spec in self._parked.pop(req.request_id, ()):
+            self._schedule_release(spec, req.finish_time + spec.think_time_s)
+        if self.concurrency:
+            self._release_next_closed_loop()
+
+    def _release_next_closed_loop(self) -> None:
+        spec = next(self._specs, None)
+        if spec is not None:
+            self._schedule_release(spec, self.env.now)
+
+    def _batch_shape(self, plan: StepPlan) -> BatchShape:
+        n = len(plan.scheduled)
+        new = np.fromiter((e[1] for e in plan.scheduled), dtype=np.int64, count=n)
+        ctx = np.fromiter((e[2] for e in plan.scheduled), dtype=np.int64, count=n)
+        return BatchShape(new, ctx, plan.num_sampled, plan.swap_bytes)
+
+    def _record(self, plan: StepPlan, finished: list[Request], start: float, duration: float) -> None:
+        sched = self.scheduler
+        prefill = decode = 0
+        for req, n, ctx in plan.scheduled:
+            # A one-token step of a request past its prompt is a decode.
+            if n == 1 and ctx >= req.prompt_len:
+                decode += 1
+            else:
+                prefill += n
+        running, waiting = sched.get_request_counts()
+        kv = sched.kv
+        self.steps.append(StepRecord(
+            len(self.steps), start, duration, prefill, decode, len(plan.scheduled),
+            running, waiting, len(plan.preempted), len(finished),
+            kv.get_num_free_blocks(), kv.usage))
+        if self.trace is not None:
+            self.trace({
+                "step": len(self.steps) - 1,
+                "start_time": start,
+                "scheduled": {r.request_id: n for r, n, _ in plan.scheduled},
+                "preempted": [r.request_id for r in plan.preempted],
+                "finished": [r.request_id for r in finished],
+                "num_free_blocks": kv.get_num_free_blocks(),
+                "num_running": running,
+                "num_waiting": waiting,
+                "prefix_hit_tokens": dict(plan.prefix_hit_tokens),
+                "resume_hit_tokens": dict(plan.resume_hit_tokens),
+            })
+
+    def _progress_possible(self) -> bool:
+        running, _ = self.scheduler.get_request_counts()
+        return running > 0
+
+    def _fail_unschedulable(self) -> None:
+        """Nothing runs and the waiting head cannot start: fail it, never hang."""
+        sched = self.scheduler
+        req = sched.waiting.pop()
+        req.status = RequestStatus.FAILED
+        req.fail_reason = "cannot be scheduled even with the whole KV cache free"
+        req.finish_time = self.env.now
+        self._on_done(req)

@@ -1,0 +1,60 @@
+"""Build a scheduler and an engine for a list of requests, and run them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from kvsim.cost.base import ConstantCostModel, CostModel
+from kvsim.kv.manager import cdiv
+from kvsim.sched.config import SchedulerConfig
+from kvsim.sched.request import Request
+from kvsim.sim.engine import Engine
+from kvsim.workload.request import RequestSpec
+
+SCHEDULERS = ("chunked", "continuous", "static")
+
+
+def make_scheduler(name: str, config: SchedulerConfig):
+    if name == "chunked":
+        from kvsim.sched.chunked import ChunkedScheduler
+        return ChunkedScheduler(config)
+    if name == "continuous":
+        from kvsim.sched.continuous import ContinuousScheduler
+        return ContinuousScheduler(config)
+    if name == "static":
+        from kvsim.sched.static import StaticScheduler
+        return StaticScheduler(config)
+    raise ValueError(f"engine.scheduler: {name!r} is not one of {', '.join(SCHEDULERS)}")
+
+
+def request_problem(req: Request, config: SchedulerConfig) -> str:
+    """Why ``req`` can never run on this engine, or "" (never retried forever)."""
+    if req.prompt_len == 0:
+        return "empty prompt"
+    if req.prompt_len >= config.max_model_len:
+        # vLLM's input processor rejects these before they reach the scheduler.
+        return f"prompt of {req.prompt_len} tokens >= max_model_len {config.max_model_len}"
+    need = cdiv(req.final_num_tokens, config.block_size)
+    usable = config.num_gpu_blocks - 1
+    if need > usable:
+        return (f"needs {need} KV blocks for {req.final_num_tokens} tokens; "
+                f"the cache has only {usable} usable blocks")
+    return ""
+
+
+def run_engine(specs: Iterable[RequestSpec], config: SchedulerConfig, *,
+               scheduler: str = "chunked", cost_model: CostModel | None = None,
+               trace: Callable[[dict], None] | None = None,
+               concurrency: int | None = None) -> Engine:
+    """Simulate ``specs`` on one engine; returns the engine with its records."""
+    sched = make_scheduler(scheduler, config)
+
+    def make(spec: RequestSpec, index: int, arrival: float) -> Request:
+        return Request(spec, index, block_size=config.block_size,
+                       max_model_len=config.max_model_len, arrival_time=arrival)
+
+    engine = Engine(sched, cost_model or ConstantCostModel(1.0), make_request=make,
+                    check_request=lambda r: request_problem(r, config),
+                    trace=trace, concurrency=concurrency)
+    engine.run(specs)
+    return engine
