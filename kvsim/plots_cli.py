@@ -1,0 +1,117 @@
+"""``kvsim plot KIND --run DIR | --results FILE.csv``: draw one figure to PNG or SVG.
+
+``--run DIR`` is a ``kvsim run --out DIR`` folder (``steps.csv``,
+``requests.csv``, ``summary.json``); ``--results`` a sweep's ``results.csv``
+(or, for ``memory-waste``, any CSV with one row per system).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from kvsim import plots
+
+# Which input each plot reads.
+RUN_KINDS = ("kv-timeline", "batch-timeline")
+RESULTS_KINDS = ("tradeoff", "latency-throughput", "memory-waste")
+FORMATS = (".png", ".svg")
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "plot", help="draw a figure from a run folder or a sweep's results.csv",
+        description="Draw one figure (PNG or SVG) from a `kvsim run --out DIR` folder "
+                    "(kv-timeline, batch-timeline) or a sweep's results.csv (tradeoff, "
+                    "latency-throughput; memory-waste reads a CSV with one row per system).")
+    p.add_argument("kind", choices=plots.KINDS, help="which plot")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run", type=Path, metavar="DIR", help="a `kvsim run --out` folder")
+    source.add_argument("--results", type=Path, metavar="FILE.csv", help="a sweep's results.csv")
+    p.add_argument("--x", metavar="COL",
+                   help="x column: the swept parameter (tradeoff; default: the one swept "
+                        "parameter that varies) or the request-rate column "
+                        "(latency-throughput; default workload.arrival.rate)")
+    p.add_argument("--policy", metavar="COL", default="engine.scheduler",
+                   help="latency-throughput: column with one line per value "
+                        "(default engine.scheduler)")
+    p.add_argument("--out", type=Path, metavar="FILE.png|.svg",
+                   help="where to write (default: KIND.png next to the input)")
+    p.add_argument("--title", help="scenario name for the title (default: from the input)")
+    p.set_defaults(func=run_plot)
+    return p
+
+
+def run_plot(args: argparse.Namespace) -> int:
+    kind = args.kind
+    if kind in RUN_KINDS and args.run is None:
+        raise ValueError(f"plot '{kind}' reads a run folder: pass --run DIR "
+                         f"(the --out of `kvsim run`), not --results")
+    if kind in RESULTS_KINDS and args.results is None:
+        raise ValueError(f"plot '{kind}' reads a sweep's results.csv: pass --results FILE.csv, "
+                         f"not --run")
+    out = args.out or (args.run if args.run is not None else args.results.parent) / f"{kind}.png"
+    if out.suffix.lower() not in FORMATS:
+        raise ValueError(f"--out {out}: the file must end in .png or .svg")
+
+    if args.run is not None:
+        steps = _read_csv(args.run / "steps.csv")
+        title = args.title or _run_title(args.run)
+        fig = plots.kv_timeline(steps, title) if kind == "kv-timeline" \
+            else plots.batch_timeline(steps, title)
+    else:
+        results = _read_csv(args.results)
+        title = args.title or args.results.resolve().parent.name
+        if kind == "tradeoff":
+            fig = plots.tradeoff(results, args.x or _swept_column(results), title=title)
+        elif kind == "latency-throughput":
+            fig = plots.latency_throughput(results, args.x or "workload.arrival.rate",
+                                           args.policy, title=title)
+        else:
+            fig = plots.memory_waste(results, title)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    fig.clear()  # release the artists now: a sweep script may draw hundreds of figures
+    print(out)
+    return 0
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{path}: the file is empty") from None
+    except pd.errors.ParserError as exc:
+        raise ValueError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
+
+
+def _run_title(run_dir: Path) -> str:
+    """The scenario's name from summary.json when it has one, else the folder's name."""
+    summary_path = run_dir / "summary.json"
+    if summary_path.is_file():
+        try:
+            summary = json.loads(summary_path.read_text())
+        except json.JSONDecodeError:
+            summary = {}
+        for key in ("scenario", "name", "scenario_name"):
+            if isinstance(summary.get(key), str) and summary[key]:
+                return summary[key]
+    return run_dir.resolve().name
+
+
+def _swept_column(results: pd.DataFrame) -> str:
+    """The only swept parameter (dotted column) that varies; --x must choose otherwise."""
+    swept = [c for c in results.columns if "." in str(c) and results[c].nunique() > 1]
+    if len(swept) == 1:
+        return swept[0]
+    if not swept:
+        raise ValueError("plot 'tradeoff': no swept parameter varies in results.csv; "
+                         "pass --x COL")
+    raise ValueError(f"plot 'tradeoff': several swept parameters vary ({', '.join(swept)}); "
+                     f"pass --x COL")

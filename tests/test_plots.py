@@ -1,0 +1,248 @@
+"""Every plot renders headless to PNG and SVG, is labelled, and names missing columns."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.figure import Figure
+
+from kvsim import plots
+from kvsim.cli import main
+from kvsim.metrics.schema import STEP_COLUMNS
+
+
+def sweep_results() -> pd.DataFrame:
+    rows = []
+    for scheduler in ("continuous", "chunked"):
+        for budget in (512, 2048, 8192):
+            for rate in (1.0, 4.0, 16.0):
+                slow = 1 + (scheduler == "continuous")
+                rows.append({
+                    "engine.scheduler": scheduler,
+                    "engine.max_num_batched_tokens": budget,
+                    "workload.arrival.rate": rate,
+                    "median_itl_ms": 10 + budget / 1000 * slow,
+                    "p99_itl_ms": 20 + budget / 200 * slow,
+                    "median_ttft_ms": 100 + 1e5 / budget + rate ** 3,
+                    "p99_ttft_ms": 300 + 3e5 / budget + 10 * rate ** 3,
+                    "median_tpot_ms": 12 + rate * slow,
+                    "p99_tpot_ms": 25 + 2 * rate * slow,
+                })
+    return pd.DataFrame(rows)
+
+
+def run_steps(n: int = 200) -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    duration = rng.uniform(0.01, 0.05, n)
+    prefill = np.where(rng.random(n) < 0.2, rng.integers(100, 2048, n), 0)
+    decode = rng.integers(0, 64, n)
+    return pd.DataFrame({
+        "step": np.arange(n), "start_time_s": np.cumsum(duration) - duration,
+        "duration_s": duration, "num_prefill_tokens": prefill, "num_decode_tokens": decode,
+        "num_scheduled_reqs": decode + (prefill > 0), "num_running": decode,
+        "num_waiting": rng.integers(0, 30, n), "num_preempted": (rng.random(n) < 0.05) * 2,
+        "num_finished": 0, "num_free_blocks": rng.integers(0, 100, n),
+        "kv_cache_usage": rng.uniform(0, 1, n),
+    }, columns=STEP_COLUMNS)
+
+
+def memory_table() -> pd.DataFrame:
+    gib = 2**30
+    return pd.DataFrame({
+        "system": ["contiguous", "paged"],
+        "used_bytes": [10 * gib, 30 * gib],
+        "reserved_unused_bytes": [25 * gib, 0],
+        "internal_fragmentation_bytes": [0, gib // 4],
+        "external_fragmentation_bytes": [5 * gib, 0],
+        "free_bytes": [0, 9.75 * gib],
+    })
+
+
+FIGURES = {
+    "tradeoff": lambda: plots.tradeoff(sweep_results().query("`workload.arrival.rate` == 4"),
+                                       "engine.max_num_batched_tokens", title="chat-8b"),
+    "latency-throughput": lambda: plots.latency_throughput(
+        sweep_results().query("`engine.max_num_batched_tokens` == 2048"), title="chat-8b"),
+    "kv-timeline": lambda: plots.kv_timeline(run_steps(), "chat-8b"),
+    "batch-timeline": lambda: plots.batch_timeline(run_steps(), "chat-8b", token_budget=2048),
+    "memory-waste": lambda: plots.memory_waste(memory_table(), "chat-8b"),
+}
+
+
+@pytest.mark.parametrize("kind", plots.KINDS)
+@pytest.mark.parametrize("suffix", [".png", ".svg"])
+def test_plot_renders_headless_to_a_non_empty_file(kind, suffix, tmp_path):
+    fig = FIGURES[kind]()
+    path = tmp_path / f"{kind}{suffix}"
+    fig.savefig(path, dpi=50)
+    assert path.stat().st_size > 1000
+    head = path.read_bytes()[:200]
+    assert head.startswith(b"\x89PNG") if suffix == ".png" else b"<svg" in path.read_bytes()[:2000]
+
+
+@pytest.mark.parametrize("kind", plots.KINDS)
+def test_plot_has_labelled_axes_and_a_title_naming_the_scenario(kind):
+    fig = FIGURES[kind]()
+    assert isinstance(fig, Figure)
+    assert "chat-8b" in fig.get_suptitle()
+    for ax in fig.axes:
+        assert ax.get_ylabel(), ax
+        assert ax.has_data(), ax
+    assert any(ax.get_xlabel() for ax in fig.axes)
+
+
+@pytest.mark.parametrize("kind", plots.KINDS)
+def test_plot_y_axis_names_its_unit(kind):
+    fig = FIGURES[kind]()
+    units = ("(ms)", "(%)", "(GiB)", "Tokens", "Requests", "Preemptions")
+    for ax in fig.axes:
+        assert any(u in ax.get_ylabel() for u in units), ax.get_ylabel()
+
+
+def test_tradeoff_draws_p50_and_p99_of_itl_and_ttft_against_the_knob():
+    fig = FIGURES["tradeoff"]()
+    ax_itl, ax_ttft = fig.axes
+    assert ax_itl.get_xlabel() == "max_num_batched_tokens"
+    assert ax_itl.get_ylabel() == "Inter-token latency (ms)"
+    assert ax_ttft.get_ylabel() == "Time to first token (ms)"
+    # two schedulers vary in these rows -> p50 and p99 lines for each
+    labels = [line.get_label() for line in ax_itl.get_lines()]
+    assert labels == ["scheduler=chunked p50", "scheduler=chunked p99",
+                      "scheduler=continuous p50", "scheduler=continuous p99"]
+    xs, ys = ax_itl.get_lines()[1].get_data()
+    assert list(xs) == [512, 2048, 8192]
+    assert list(ys) == [20 + 512 / 200, 20 + 2048 / 200, 20 + 8192 / 200]
+
+
+def test_latency_throughput_draws_one_pair_of_lines_per_policy():
+    fig = FIGURES["latency-throughput"]()
+    labels = [line.get_label() for line in fig.axes[0].get_lines()]
+    assert labels == ["chunked p50", "chunked p99", "continuous p50", "continuous p99"]
+    assert fig.axes[0].get_xlabel() == "Request rate (req/s)"
+
+
+def test_latency_throughput_switches_ttft_to_log_scale_past_a_knee():
+    results = sweep_results().query("`engine.max_num_batched_tokens` == 2048").copy()
+    assert plots.latency_throughput(results).axes[0].get_yscale() == "linear"
+    results.loc[results["workload.arrival.rate"] == 16.0, "p99_ttft_ms"] = 1e6
+    assert plots.latency_throughput(results).axes[0].get_yscale() == "log"
+
+
+def test_batch_timeline_stacks_prefill_on_decode():
+    steps = run_steps(3).assign(num_prefill_tokens=[0, 100, 0], num_decode_tokens=[5, 5, 5])
+    ax = plots.batch_timeline(steps).axes[0]
+    prefill_band = ax.collections[1].get_paths()[0].vertices
+    assert prefill_band[:, 1].max() == 105
+
+
+def test_kv_timeline_counts_preemptions():
+    steps = run_steps(10).assign(num_preempted=[0, 1, 0, 0, 3, 0, 0, 0, 0, 0])
+    fig = plots.kv_timeline(steps)
+    assert fig.axes[2].get_title() == "4 preemptions in total"
+
+
+def test_memory_waste_reports_waste_share_of_the_bytes_not_free():
+    ax = plots.memory_waste(memory_table()).axes[0]
+    assert [t.get_text() for t in ax.texts] == ["75% waste", "1% waste"]
+    assert ax.get_ylabel() == "KV memory (GiB)"
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: plots.tradeoff(sweep_results().drop(columns="p99_itl_ms"),
+                            "engine.max_num_batched_tokens"),
+     "plot 'tradeoff' needs column(s) p99_itl_ms in results.csv; present: engine.scheduler"),
+    (lambda: plots.tradeoff(sweep_results(), "engine.block_size"),
+     "plot 'tradeoff' needs column(s) engine.block_size in results.csv"),
+    (lambda: plots.latency_throughput(sweep_results().drop(columns=["median_tpot_ms",
+                                                                    "p99_tpot_ms"])),
+     "plot 'latency-throughput' needs column(s) median_tpot_ms, p99_tpot_ms in results.csv"),
+    (lambda: plots.kv_timeline(run_steps().drop(columns="kv_cache_usage")),
+     "plot 'kv-timeline' needs column(s) kv_cache_usage in steps.csv"),
+    (lambda: plots.batch_timeline(run_steps().drop(columns="num_prefill_tokens")),
+     "plot 'batch-timeline' needs column(s) num_prefill_tokens in steps.csv"),
+    (lambda: plots.memory_waste(memory_table().drop(columns="external_fragmentation_bytes")),
+     "plot 'memory-waste' needs column(s) external_fragmentation_bytes"),
+])
+def test_missing_columns_are_named(call, message):
+    with pytest.raises(ValueError) as err:
+        call()
+    assert str(err.value).startswith(message)
+
+
+def test_empty_table_is_an_error():
+    with pytest.raises(ValueError, match="steps.csv has no rows"):
+        plots.kv_timeline(run_steps().iloc[:0])
+
+
+# --- kvsim plot -------------------------------------------------------------------
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    run_steps().to_csv(d / "steps.csv", index=False)
+    (d / "summary.json").write_text(json.dumps({"scenario": "chat-8b", "completed": 3}))
+    return d
+
+
+def test_cli_draws_a_run_plot_next_to_the_run(run_dir, capsys):
+    assert main(["plot", "kv-timeline", "--run", str(run_dir)]) == 0
+    out = run_dir / "kv-timeline.png"
+    assert capsys.readouterr().out.strip() == str(out)
+    assert out.stat().st_size > 1000
+
+
+def test_cli_writes_svg_when_asked(run_dir, tmp_path):
+    out = tmp_path / "figs" / "batch.svg"
+    assert main(["plot", "batch-timeline", "--run", str(run_dir), "--out", str(out)]) == 0
+    assert b"<svg" in out.read_bytes()[:2000]
+
+
+def test_cli_infers_the_swept_column_for_tradeoff(tmp_path):
+    results = tmp_path / "results.csv"
+    sweep_results().query("`workload.arrival.rate` == 4 and `engine.scheduler` == 'chunked'") \
+        .to_csv(results, index=False)
+    assert main(["plot", "tradeoff", "--results", str(results), "--title", "w1"]) == 0
+    assert (tmp_path / "tradeoff.png").stat().st_size > 1000
+
+
+def test_cli_asks_for_x_when_several_parameters_vary(tmp_path, capsys):
+    results = tmp_path / "results.csv"
+    sweep_results().to_csv(results, index=False)
+    assert main(["plot", "tradeoff", "--results", str(results)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kvsim plot: error: plot 'tradeoff': several swept parameters vary")
+    assert len(err.splitlines()) == 1
+
+
+def test_cli_latency_throughput_and_memory_waste(tmp_path):
+    results = tmp_path / "results.csv"
+    sweep_results().query("`engine.max_num_batched_tokens` == 2048").to_csv(results, index=False)
+    assert main(["plot", "latency-throughput", "--results", str(results)]) == 0
+    memory = tmp_path / "memory.csv"
+    memory_table().to_csv(memory, index=False)
+    assert main(["plot", "memory-waste", "--results", str(memory),
+                 "--out", str(tmp_path / "m.png")]) == 0
+    assert (tmp_path / "m.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plot", "tradeoff", "--run", "RUN"], "reads a sweep's results.csv: pass --results"),
+    (["plot", "kv-timeline", "--results", "RUN/steps.csv"], "reads a run folder: pass --run"),
+    (["plot", "kv-timeline", "--run", "RUN", "--out", "x.pdf"], "must end in .png or .svg"),
+    (["plot", "kv-timeline", "--run", "NOWHERE"], "steps.csv: no such file"),
+])
+def test_cli_bad_input_exits_2_with_one_line(argv, message, run_dir, capsys):
+    argv = [a.replace("RUN", str(run_dir)) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err
+    assert len(err.splitlines()) == 1
+
+
+def test_cli_missing_column_exits_2(run_dir, capsys):
+    run_steps().drop(columns="num_waiting").to_csv(run_dir / "steps.csv", index=False)
+    assert main(["plot", "kv-timeline", "--run", str(run_dir)]) == 2
+    assert "needs column(s) num_waiting in steps.csv" in capsys.readouterr().err
