@@ -1,0 +1,78 @@
+"""What arrives at the engine: synthetic workloads, real traces, requests files.
+
+    workload = build_workload({"arrival": {"type": "poisson", "rate": 2.0}}, rng=rng, base_dir=scenario_dir)
+    for spec in workload.requests():   # RequestSpec, in arrival order, generated lazily
+        ...
+
+Keys and semantics are documented in docs/workloads.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kvsim.workload.config import (ClosedLoopArrival, WorkloadConfig, format_validation_error,
+                                   parse_workload_config, resolve_path)
+from kvsim.workload.lengths import LengthSampler
+from kvsim.workload.request import RequestSpec
+from kvsim.workload.requests_file import read_requests_file
+from kvsim.workload.synthetic import synthetic_requests
+from kvsim.workload.traces import read_trace, trace_requests
+
+__all__ = ["RequestSpec", "Workload", "WorkloadConfig", "build_workload", "format_validation_error",
+           "parse_workload_config"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The requests of one run.
+
+    ``requests()`` yields ``RequestSpec``s in arrival order, lazily; every call
+    starts over and yields the same requests. ``concurrency`` is set for a
+    closed loop: the engine keeps that many requests in flight and releases the
+    next one when one finishes, ignoring ``arrival_time_s``. ``num_requests`` is
+    the number ``requests()`` yields.
+    """
+
+    num_requests: int | None
+    concurrency: int | None
+    _make_requests: Callable[[], Iterator[RequestSpec]] = field(repr=False)
+
+    def requests(self) -> Iterator[RequestSpec]:
+        return self._make_requests()
+
+
+def build_workload(config: WorkloadConfig | dict, *, rng: np.random.Generator,
+                   base_dir: Path | None = None) -> Workload:
+    """Validate ``config``, read its files, and return the workload.
+
+    Every check (keys, values, files, trace rows) happens here, before any
+    simulation starts. Relative paths resolve against ``base_dir`` (the scenario
+    file's folder). One number is drawn from ``rng`` now; the workload's own
+    generator is seeded from it, so the requests do not depend on what else
+    draws from ``rng`` later.
+    """
+    config = parse_workload_config(config)
+    seed = int(rng.integers(0, 2**63 - 1))
+    arrival = config.arrival_or_default()
+    concurrency = arrival.concurrency if isinstance(arrival, ClosedLoopArrival) else None
+
+    if config.kind == "requests_file":
+        path = resolve_path(config.requests_file, base_dir, yaml_path="workload.requests_file")
+        specs = read_requests_file(path)
+        return Workload(len(specs), None, lambda: iter(specs))
+
+    if config.kind == "trace":
+        table = read_trace(config.trace, base_dir=base_dir)
+        return Workload(len(table), concurrency, lambda: trace_requests(
+            table, arrival=arrival, seed=seed, priority=config.priority,
+            cache_salt=config.cache_salt, n=config.n, beam_width=config.beam_width))
+
+    prompt_len = LengthSampler(config.prompt_len, base_dir=base_dir, yaml_path="workload.prompt_len")
+    output_len = LengthSampler(config.output_len, base_dir=base_dir, yaml_path="workload.output_len")
+    return Workload(config.num_requests, concurrency, lambda: synthetic_requests(
+        config, arrival, seed, prompt_len, output_len))

@@ -1,0 +1,44 @@
+"""Arrival times, drawn in chunks so a million-request workload stays lazy.
+
+Conventions follow ``vllm bench serve``: the first request is sent at t=0 and
+each later one after a random gap; with ``--burstiness`` the gaps are gamma
+distributed with shape ``burstiness`` and mean ``1/rate`` (shape 1 is Poisson).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvsim.workload.config import (AllAtOnceArrival, ArrivalConfig, ClosedLoopArrival,
+                                   ConstantArrival, GammaArrival, PoissonArrival)
+
+
+class ArrivalClock:
+    """Successive arrival times (seconds); ``next_times(k)`` continues where the last call ended."""
+
+    def __init__(self, config: ArrivalConfig, rng: np.random.Generator) -> None:
+        self._config = config
+        self._rng = rng
+        self._next_time_s = 0.0
+
+    def next_times(self, count: int) -> np.ndarray:
+        gaps = self._gaps_s(count)
+        # times[i] = next + gaps[0] + ... + gaps[i-1]: the gap after request i is gaps[i].
+        times = self._next_time_s + np.cumsum(gaps) - gaps
+        if count:
+            self._next_time_s = float(times[-1] + gaps[-1])
+        return times
+
+    def _gaps_s(self, count: int) -> np.ndarray:
+        cfg = self._config
+        if isinstance(cfg, PoissonArrival):
+            return self._rng.exponential(1.0 / cfg.rate, size=count)
+        if isinstance(cfg, GammaArrival):
+            # vllm bench serve: theta = 1 / (rate * burstiness); gap ~ Gamma(burstiness, theta).
+            return self._rng.gamma(cfg.burstiness, 1.0 / (cfg.rate * cfg.burstiness), size=count)
+        if isinstance(cfg, ConstantArrival):
+            return np.full(count, cfg.interval_s)
+        if isinstance(cfg, (AllAtOnceArrival, ClosedLoopArrival)):
+            # Closed loop: the engine releases requests as others finish; times are unused.
+            return np.zeros(count)
+        raise TypeError(f"unknown arrival config {cfg!r}")

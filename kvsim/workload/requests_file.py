@@ -1,0 +1,97 @@
+"""A requests file: JSON lines, one request each, given as ``workload: {requests_file: PATH}``.
+
+    {"id": "r0", "arrival_time": 0.0, "prompt_token_ids": [1, 2, 3], "max_tokens": 16, "priority": 0}
+
+Optional keys: ``output_token_ids`` (exactly ``max_tokens`` ids: what the
+request generates, so a later prompt can quote it and hit its cached blocks),
+``cache_salt``, ``n``, ``beam_width``, ``after_request_id`` and ``think_time_s``
+(release this request that long after an earlier request of the file
+finishes). Token ids must lie in ``[0, 1e9)``: ids from ``1e9`` up are the
+engine's fresh ids for generated tokens. Requests are ordered by
+``(arrival_time, line order)``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvsim.workload.config import format_validation_error
+from kvsim.workload.request import RequestSpec
+from kvsim.workload.tokens import FRESH_OUTPUT_ID_BASE
+
+
+class RequestLine(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    id: str = Field(min_length=1)
+    arrival_time: float = Field(ge=0, allow_inf_nan=False)
+    prompt_token_ids: list[int] = Field(min_length=1)
+    max_tokens: int = Field(ge=1)
+    priority: int = 0
+    output_token_ids: list[int] | None = None
+    cache_salt: str | None = None
+    n: int = Field(1, ge=1)
+    beam_width: int = Field(1, ge=1)
+    after_request_id: str | None = None
+    think_time_s: float = Field(0.0, ge=0, allow_inf_nan=False)
+
+
+def read_requests_file(path: Path, *, yaml_path: str = "workload.requests_file") -> list[RequestSpec]:
+    """All requests of the file, validated and sorted by (arrival_time, line order)."""
+    specs: list[RequestSpec] = []
+    arrival_of: dict[str, float] = {}
+    with open(path, encoding="utf-8") as lines:
+        for number, text in enumerate(lines, start=1):
+            if not text.strip():
+                continue
+            where = f"{yaml_path} ({path} line {number})"
+            try:
+                line = RequestLine.model_validate(json.loads(text))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{where}: not valid JSON ({exc})") from None
+            except ValidationError as exc:
+                raise ValueError(format_validation_error(exc, prefix=where, root=RequestLine)) from None
+            prompt = _token_array(line.prompt_token_ids, f"{where}.prompt_token_ids")
+            output = None
+            if line.output_token_ids is not None:
+                output = _token_array(line.output_token_ids, f"{where}.output_token_ids")
+                if len(output) != line.max_tokens:
+                    raise ValueError(f"{where}.output_token_ids: has {len(output)} ids but max_tokens is "
+                                     f"{line.max_tokens}; give exactly max_tokens ids")
+            if line.id in arrival_of:
+                raise ValueError(f"{where}.id = {line.id!r}: used twice; ids must be unique")
+            if line.after_request_id is not None:
+                if line.after_request_id not in arrival_of:
+                    raise ValueError(f"{where}.after_request_id = {line.after_request_id!r}: no earlier line "
+                                     "has that id; it must name a request above this one")
+                if arrival_of[line.after_request_id] > line.arrival_time:
+                    # Keeps the request after the one it waits for once sorted by arrival time.
+                    raise ValueError(f"{where}.arrival_time = {line.arrival_time}: earlier than that of "
+                                     f"{line.after_request_id!r} ({arrival_of[line.after_request_id]}), "
+                                     "which it follows; must be >= it")
+            arrival_of[line.id] = line.arrival_time
+            specs.append(RequestSpec(
+                request_id=line.id, arrival_time_s=line.arrival_time, prompt_token_ids=prompt,
+                max_tokens=line.max_tokens, priority=line.priority, output_token_ids=output,
+                cache_salt=line.cache_salt, n=line.n, beam_width=line.beam_width,
+                after_request_id=line.after_request_id, think_time_s=line.think_time_s))
+    # sorted() is stable: equal arrival times keep line order.
+    return sorted(specs, key=lambda spec: spec.arrival_time_s)
+
+
+def _token_array(ids: list[int], where: str) -> np.ndarray:
+    try:
+        array = np.asarray(ids, dtype=np.int64)
+    except OverflowError:
+        array = np.asarray([min(max(i, -1), FRESH_OUTPUT_ID_BASE) for i in ids], dtype=np.int64)
+    bad = (array < 0) | (array >= FRESH_OUTPUT_ID_BASE)
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ValueError(f"{where}[{i}] = {ids[i]}: token ids must be in [0, {FRESH_OUTPUT_ID_BASE}) "
+                         "(ids from 1e9 up are the engine's generated tokens)")
+    return array
+

@@ -1,0 +1,222 @@
+"""Readers for real request traces, and their replay as requests.
+
+Every reader returns a ``TraceTable`` in file order; ``select`` then sorts it by
+time *stably* (equal timestamps keep file order), skips ``offset`` requests,
+keeps ``max_requests``, shifts times so the first kept request arrives at t=0,
+and multiplies them by ``time_scale`` (0.5 replays twice as fast).
+
+Formats (files in ``../shared/data/traces/``, see its README):
+
+* ``azure``: Azure LLM inference 2023 CSV ``TIMESTAMP,ContextTokens,GeneratedTokens``
+  (Splitwise, ISCA 2024); timestamps are date-time strings.
+* ``mooncake``: Mooncake FAST'25 JSONL ``timestamp`` (ms), ``input_length``,
+  ``output_length``, ``hash_ids`` (one id per 512-token block, equal ids = equal content).
+* ``vidur``: Vidur trace CSV with ``arrived_at`` (s), ``num_prefill_tokens``,
+  ``num_decode_tokens`` (other columns are ignored).
+* ``sharegpt``: ShareGPT JSON ``[{"id", "conversations": [{"from", "value"}, ...]}]``;
+  as ``vllm bench serve``, message 0 is the prompt and message 1 the answer, and
+  conversations with fewer than two messages are skipped. No timestamps.
+
+Lengths below 1 become 1: the engine needs a prompt token and ``max_tokens >= 1``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kvsim.workload.arrivals import ArrivalClock
+from kvsim.workload.config import ArrivalConfig, PriorityChoice, TraceConfig, resolve_path
+from kvsim.workload.request import RequestSpec
+from kvsim.workload.synthetic import sample_priorities
+from kvsim.workload.tokens import (MAX_MOONCAKE_HASH_ID, MOONCAKE_BLOCK_TOKENS, TokenCounter,
+                                   mooncake_block_tokens)
+
+
+@dataclass(frozen=True)
+class TraceTable:
+    """One row per request; ``hash_ids`` only for Mooncake (else ``None``)."""
+    arrival_time_s: np.ndarray        # float64
+    num_prompt_tokens: np.ndarray     # int64, >= 1
+    num_output_tokens: np.ndarray     # int64, >= 1
+    hash_ids: list[list[int]] | None = None   # turned into token ids only when yielded
+
+    def __len__(self) -> int:
+        return len(self.arrival_time_s)
+
+    def take(self, rows: np.ndarray) -> "TraceTable":
+        hash_ids = None if self.hash_ids is None else [self.hash_ids[i] for i in rows.tolist()]
+        return TraceTable(self.arrival_time_s[rows], self.num_prompt_tokens[rows],
+                          self.num_output_tokens[rows], hash_ids)
+
+
+def read_trace(config: TraceConfig, *, base_dir: Path | None, yaml_path: str = "workload.trace") -> TraceTable:
+    path = resolve_path(config.path, base_dir, yaml_path=f"{yaml_path}.path")
+    reader = {"azure": read_azure, "mooncake": read_mooncake,
+              "vidur": read_vidur, "sharegpt": read_sharegpt}[config.format]
+    return select(reader(path), config)
+
+
+def select(table: TraceTable, config: TraceConfig) -> TraceTable:
+    order = np.argsort(table.arrival_time_s, kind="stable")
+    stop = None if config.max_requests is None else config.offset + config.max_requests
+    table = table.take(order[config.offset:stop])
+    times = table.arrival_time_s
+    if len(times):
+        times = (times - times[0]) * config.time_scale
+    return TraceTable(times, table.num_prompt_tokens, table.num_output_tokens, table.hash_ids)
+
+
+def read_azure(path: Path) -> TraceTable:
+    columns = ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]
+    table = _read_csv(path, columns)
+    try:
+        stamps = pd.to_datetime(table["TIMESTAMP"], format="ISO8601")
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{path}: TIMESTAMP must be date-times like '2023-11-16 18:15:46.6805900' ({exc})") from None
+    ns = stamps.to_numpy(dtype="datetime64[ns]").astype(np.int64)
+    # Subtract in integers first: absolute epoch nanoseconds do not fit a float exactly.
+    seconds = (ns - ns.min()) / 1e9 if len(ns) else np.zeros(0)
+    return TraceTable(seconds, _lengths(table, "ContextTokens", path), _lengths(table, "GeneratedTokens", path))
+
+
+def read_vidur(path: Path) -> TraceTable:
+    table = _read_csv(path, ["arrived_at", "num_prefill_tokens", "num_decode_tokens"])
+    seconds = pd.to_numeric(table["arrived_at"], errors="coerce").to_numpy(dtype=float)
+    _check_finite(seconds, path, "arrived_at")
+    return TraceTable(seconds, _lengths(table, "num_prefill_tokens", path),
+                      _lengths(table, "num_decode_tokens", path))
+
+
+def read_mooncake(path: Path) -> TraceTable:
+    with open(path, encoding="utf-8") as f:
+        numbered = [(number, line) for number, line in enumerate(f, start=1) if line.strip()]
+    try:
+        # One json.loads for the whole file is several times faster than one per line.
+        rows = json.loads("[" + ",".join(line for _, line in numbered) + "]")
+    except json.JSONDecodeError:
+        rows = [_mooncake_row(line, path, number) for number, line in numbered]
+    times, prompts, outputs, hashes = [], [], [], []
+    for (number, _), row in zip(numbered, rows):
+        where = f"{path} line {number}"
+        try:
+            ts, n_in, n_out, ids = row["timestamp"], row["input_length"], row["output_length"], row["hash_ids"]
+        except (KeyError, TypeError):
+            raise ValueError(f"{where}: expected a JSON object with timestamp, input_length, "
+                             f"output_length, hash_ids; got {str(row)[:80]}") from None
+        if not isinstance(n_in, int) or n_in < 1:
+            raise ValueError(f"{where}: input_length = {n_in!r}; must be an integer >= 1")
+        num_blocks = len(ids)
+        # The last block may be partial; any other mismatch means the row is broken.
+        if not MOONCAKE_BLOCK_TOKENS * (num_blocks - 1) < n_in <= MOONCAKE_BLOCK_TOKENS * num_blocks:
+            raise ValueError(f"{where}: input_length {n_in} does not fit {num_blocks} hash_ids of "
+                             f"{MOONCAKE_BLOCK_TOKENS} tokens (need {MOONCAKE_BLOCK_TOKENS}*(k-1) < "
+                             f"input_length <= {MOONCAKE_BLOCK_TOKENS}*k)")
+        if min(ids) < 0 or max(ids) > MAX_MOONCAKE_HASH_ID:
+            raise ValueError(f"{where}: hash_ids must be integers in 0..{MAX_MOONCAKE_HASH_ID}")
+        times.append(ts)
+        prompts.append(n_in)
+        outputs.append(n_out)
+        hashes.append(ids)
+    try:
+        seconds = np.asarray(times, dtype=float) / 1000.0  # the trace's timestamps are milliseconds
+        num_outputs = np.asarray(outputs, dtype=np.int64)
+    except (TypeError, ValueError):
+        raise ValueError(f"{path}: timestamp and output_length must be numbers") from None
+    return TraceTable(seconds, np.asarray(prompts, dtype=np.int64), np.maximum(num_outputs, 1), hashes)
+
+
+def _mooncake_row(line: str, path: Path, number: int) -> dict:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} line {number}: not valid JSON ({exc})") from None
+
+
+def read_sharegpt(path: Path) -> TraceTable:
+    """Lengths are whitespace word counts, or a message's ``num_tokens`` when given."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON list of conversations, got {type(data).__name__}")
+    prompts, outputs = [], []
+    for i, item in enumerate(data):
+        messages = item.get("conversations") if isinstance(item, dict) else None
+        if not isinstance(messages, list):
+            raise ValueError(f"{path}: entry {i} has no 'conversations' list")
+        if len(messages) < 2:
+            continue  # vllm bench serve skips these too
+        prompts.append(_message_tokens(messages[0], path, i))
+        outputs.append(_message_tokens(messages[1], path, i))
+    count = len(prompts)
+    return TraceTable(np.zeros(count), np.maximum(np.asarray(prompts, dtype=np.int64), 1),
+                      np.maximum(np.asarray(outputs, dtype=np.int64), 1))
+
+
+def trace_requests(table: TraceTable, *, arrival: ArrivalConfig | None, seed: int,
+                   priority: int | PriorityChoice, cache_salt: str | None,
+                   n: int, beam_width: int) -> Iterator[RequestSpec]:
+    """Requests in time order; ``arrival`` (if given) replaces the trace's timestamps."""
+    rng = np.random.default_rng(seed)
+    count = len(table)
+    times = table.arrival_time_s if arrival is None else ArrivalClock(arrival, rng).next_times(count)
+    priorities = sample_priorities(priority, rng, count)
+    # Python lists: element access on numpy arrays is several times slower per request.
+    times, priorities = np.asarray(times).tolist(), priorities.tolist()
+    num_prompts, num_outputs = table.num_prompt_tokens.tolist(), table.num_output_tokens.tolist()
+    starts = None if table.hash_ids is not None else TokenCounter().take_starts(table.num_prompt_tokens).tolist()
+    for i in range(count):
+        if starts is None:
+            prompt = mooncake_block_tokens(table.hash_ids[i], num_prompts[i])
+        else:
+            prompt = np.arange(starts[i], starts[i] + num_prompts[i], dtype=np.int64)
+        yield RequestSpec(request_id=f"r{i}", arrival_time_s=times[i], prompt_token_ids=prompt,
+                          max_tokens=num_outputs[i], priority=priorities[i],
+                          cache_salt=cache_salt, n=n, beam_width=beam_width)
+
+
+def _read_csv(path: Path, columns: list[str]) -> pd.DataFrame:
+    try:
+        table = pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame({c: pd.Series(dtype=object) for c in columns})
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; need {', '.join(columns)} "
+                         f"(found: {', '.join(map(str, table.columns))})")
+    return table
+
+
+def _lengths(table: pd.DataFrame, column: str, path: Path) -> np.ndarray:
+    values = pd.to_numeric(table[column], errors="coerce").to_numpy(dtype=float)
+    _check_finite(values, path, column)
+    if (values < 0).any():
+        row = int(np.argmax(values < 0))
+        raise ValueError(f"{path}: {column} in data row {row} is {values[row]:g}; must be >= 0")
+    return np.maximum(np.rint(values).astype(np.int64), 1)
+
+
+def _check_finite(values: np.ndarray, path: Path, column: str) -> None:
+    bad = ~np.isfinite(values)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise ValueError(f"{path}: {column} in data row {row} is not a number")
+
+
+def _message_tokens(message, path: Path, index: int) -> int:
+    if not isinstance(message, dict) or not isinstance(message.get("value", ""), str):
+        raise ValueError(f"{path}: entry {index}: each message must be an object with a 'value' string")
+    if "num_tokens" in message:
+        tokens = message["num_tokens"]
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
+            raise ValueError(f"{path}: entry {index}: num_tokens = {tokens!r}; must be an integer >= 0")
+        return tokens
+    return len(message.get("value", "").split())
