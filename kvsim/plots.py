@@ -238,18 +238,25 @@ def _suptitle(fig: Figure, title: str | None, what: str) -> None:
 def _series(results: pd.DataFrame, x: str, fixed: list[str]):
     """Split ``results`` into lines: one per combination of the ``fixed`` columns
     and of any other swept parameter (dotted column such as ``engine.block_size``)
-    that varies. Returns ``[(label, rows sorted by x)]``."""
+    that varies. Returns ``[(label, one row per x)]``; rows sharing an x (repeats
+    with other seeds) are averaged, and failed points (empty metrics) are skipped."""
     varying = [c for c in results.columns
                if c != x and c not in fixed and "." in str(c) and results[c].nunique() > 1]
     keys = [*fixed, *varying]
+
+    def per_x(part: pd.DataFrame) -> pd.DataFrame:
+        metrics = [c for c in part.columns if c != x and c not in keys]
+        numeric = part[metrics].apply(pd.to_numeric, errors="coerce")
+        return numeric.assign(**{x: part[x]}).groupby(x, sort=True).mean().reset_index()
+
     if not keys:
-        return [("", results.sort_values(x))]
+        return [("", per_x(results))]
     out = []
     for values, part in results.groupby(keys, sort=True, dropna=False):
         values = values if isinstance(values, tuple) else (values,)
         label = ", ".join(str(v) if k in fixed else f"{_axis_name(k)}={v}"
                           for k, v in zip(keys, values))
-        out.append((label, part.sort_values(x)))
+        out.append((label, per_x(part)))
     return out
 
 

@@ -246,3 +246,14 @@ def test_cli_missing_column_exits_2(run_dir, capsys):
     run_steps().drop(columns="num_waiting").to_csv(run_dir / "steps.csv", index=False)
     assert main(["plot", "kv-timeline", "--run", str(run_dir)]) == 2
     assert "needs column(s) num_waiting in steps.csv" in capsys.readouterr().err
+
+
+def test_tradeoff_averages_repeats_and_skips_failed_points():
+    base = sweep_results().query("`workload.arrival.rate` == 4 and `engine.scheduler` == 'chunked'")
+    again = base.assign(p99_itl_ms=base["p99_itl_ms"] + 10, seed=1)
+    failed = base.iloc[:1].assign(p99_itl_ms=np.nan, seed=2, status="failed")
+    results = pd.concat([base.assign(seed=0), again, failed], ignore_index=True)
+    ax_itl = plots.tradeoff(results, "engine.max_num_batched_tokens").axes[0]
+    xs, ys = ax_itl.get_lines()[1].get_data()
+    assert list(xs) == [512, 2048, 8192]
+    assert list(ys) == pytest.approx([25 + 512 / 200, 25 + 2048 / 200, 25 + 8192 / 200])
