@@ -1,0 +1,165 @@
+"""One step-time formula shared by the roofline and the fitted cost model.
+
+Every operator costs ``calls * (max(sec_per_flop * FLOPs, sec_per_byte * bytes,
+floor_s) + const_s)``; attention adds ``sec_per_token`` per new token and prefill
+``sec_per_causal_flop`` on the FLOPs of the causal diagonal;
+each tensor-parallel all-reduce costs ``sec_per_byte * 2 (tp-1)/tp * bytes +
+const_s`` (ring); the step adds a CPU/launch overhead ``const_s +
+sec_per_request * requests``, and swap traffic over PCIe. The roofline model
+derives the coefficients from datasheet numbers and efficiencies
+(``roofline.py``); the fitted model reads them from a profile
+(``fitted.py``). Quantities come from ``features.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kvsim.cost.base import BatchShape
+from kvsim.cost.features import (SAMPLED_OPS, RankShapes, causal_attention_flops,
+                                 decode_attention_work, prefill_attention_work)
+
+
+@dataclass(frozen=True)
+class OpCoefficients:
+    """Seconds per unit of an operator's work (all >= 0)."""
+
+    sec_per_flop: float = 0.0
+    sec_per_byte: float = 0.0
+    const_s: float = 0.0
+    floor_s: float = 0.0          # no kernel finishes faster than its launch
+    sec_per_token: float = 0.0    # attention: per new token (decode: per sequence) work
+    sec_per_causal_flop: float = 0.0  # prefill attention: extra cost of the causal diagonal blocks
+
+    def time(self, flops, nbytes):
+        return np.maximum(np.maximum(self.sec_per_flop * flops, self.sec_per_byte * nbytes),
+                          self.floor_s) + self.const_s
+
+
+@dataclass(frozen=True)
+class CommCoefficients:
+    """Ring all-reduce: ``sec_per_byte * 2 (tp-1)/tp * bytes + const_s``."""
+
+    sec_per_byte: float = 0.0
+    const_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class OverheadCoefficients:
+    """Per-step CPU work (scheduling, input preparation, launch, output processing)."""
+
+    const_s: float = 0.0
+    sec_per_request: float = 0.0
+
+
+@dataclass
+class StepCostModel:
+    """``CostModel`` (see ``base.py``) from per-op coefficients and rank shapes."""
+
+    shapes: RankShapes
+    ops: dict[str, OpCoefficients]
+    prefill_attention: OpCoefficients
+    decode_attention: OpCoefficients
+    allreduce: CommCoefficients
+    overhead: OverheadCoefficients
+    swap_sec_per_byte: float = 0.0
+    _linear_cache: dict = field(default_factory=dict, repr=False)
+
+    # ------------------------------------------------------------ public API
+
+    def step_time(self, batch: BatchShape) -> float:
+        new = batch.num_new_tokens
+        ctx = batch.num_context_tokens
+        num_tokens = int(new.sum())
+        decode = new == 1
+        num_decode = int(decode.sum())
+        t = self._linear_time(num_tokens, int(batch.num_sampled))
+        if num_decode < len(new):
+            t += self._prefill_attention_time(new[~decode], ctx[~decode])
+        t += float(self._decode_attention_time(num_decode, float(ctx[decode].sum())))
+        t += self._allreduce_time(num_tokens)
+        t += self._overhead_time(len(new))
+        t += self.swap_sec_per_byte * batch.swap_bytes
+        return float(t)
+
+    def decode_step_times(self, num_seqs: int, context_token_sums: np.ndarray) -> np.ndarray:
+        sums = np.asarray(context_token_sums, dtype=float)
+        t = self._linear_time(num_seqs, num_seqs)
+        t = t + self._decode_attention_time(num_seqs, sums)
+        t = t + self._allreduce_time(num_seqs)
+        t = t + self._overhead_time(num_seqs)
+        return np.asarray(t, dtype=float)
+
+    def breakdown(self, batch: BatchShape) -> dict[str, float]:
+        """Seconds per component of a step (for reports and teaching)."""
+        new, ctx = batch.num_new_tokens, batch.num_context_tokens
+        decode = new == 1
+        out = {op.name: float(self._op_time(op, batch.total_new_tokens, batch.num_sampled))
+               for op in self.shapes.ops}
+        out["prefill_attention"] = (self._prefill_attention_time(new[~decode], ctx[~decode])
+                                    if (~decode).any() else 0.0)
+        out["decode_attention"] = float(self._decode_attention_time(int(decode.sum()),
+                                                                    float(ctx[decode].sum())))
+        out["allreduce"] = self._allreduce_time(batch.total_new_tokens)
+        out["overhead"] = self._overhead_time(batch.num_requests)
+        out["swap"] = self.swap_sec_per_byte * batch.swap_bytes
+        return out
+
+    # ------------------------------------------------------------ components
+
+    def _op_time(self, op, num_tokens: int, num_sampled: int) -> float:
+        n = num_sampled if op.name in SAMPLED_OPS else num_tokens
+        if n <= 0:
+            return 0.0
+        coef = self.ops[op.name]
+        return op.calls * float(coef.time(op.flops(n), op.bytes(n)))
+
+    def _linear_time(self, num_tokens: int, num_sampled: int) -> float:
+        # Steps repeat the same (tokens, sampled) pairs constantly; memoise.
+        key = (num_tokens, num_sampled)
+        t = self._linear_cache.get(key)
+        if t is None:
+            t = 0.0
+            for op in self.shapes.ops:
+                t += self._op_time(op, num_tokens, num_sampled)
+            if len(self._linear_cache) < 200_000:
+                self._linear_cache[key] = t
+        return t
+
+    def _prefill_attention_time(self, chunks, contexts) -> float:
+        per_layer = prefill_attention_layer_time(self.prefill_attention, self.shapes, chunks, contexts)
+        return float(self.shapes.num_layers * per_layer.sum())
+
+    def _decode_attention_time(self, num_seqs: int, context_sum):
+        if num_seqs <= 0:
+            return np.zeros_like(np.asarray(context_sum, dtype=float))
+        per_layer = decode_attention_layer_time(self.decode_attention, self.shapes, num_seqs,
+                                                context_sum)
+        return self.shapes.num_layers * per_layer
+
+    def _allreduce_time(self, num_tokens: int) -> float:
+        calls = self.shapes.allreduce_calls
+        if not calls or num_tokens <= 0:
+            return 0.0
+        tp = self.shapes.tp
+        ring_bytes = 2.0 * (tp - 1) / tp * num_tokens * self.shapes.allreduce_bytes_per_token
+        return calls * (self.allreduce.sec_per_byte * ring_bytes + self.allreduce.const_s)
+
+    def _overhead_time(self, num_requests: int) -> float:
+        return self.overhead.const_s + self.overhead.sec_per_request * num_requests
+
+
+def prefill_attention_layer_time(coef: OpCoefficients, shapes: RankShapes, chunks, contexts):
+    """Seconds of one layer's attention for each prefill chunk (elementwise over arrays)."""
+    chunks = np.asarray(chunks, dtype=float)
+    flops, nbytes = prefill_attention_work(shapes, chunks, contexts)
+    return (coef.time(flops, nbytes) + coef.sec_per_token * chunks
+            + coef.sec_per_causal_flop * causal_attention_flops(shapes, chunks))
+
+
+def decode_attention_layer_time(coef: OpCoefficients, shapes: RankShapes, num_seqs, context_sum):
+    """Seconds of one layer's decode attention for ``num_seqs`` sequences holding ``context_sum`` tokens."""
+    flops, nbytes = decode_attention_work(shapes, num_seqs, context_sum)
+    return coef.time(flops, nbytes) + coef.sec_per_token * np.asarray(num_seqs, dtype=float)
