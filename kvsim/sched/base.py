@@ -25,6 +25,7 @@ class StepPlan:
     resume_hit_tokens: dict[str, int] = field(default_factory=dict)
     swap_bytes: int = 0
     num_sampled: int = 0
+    failed: list[Request] = field(default_factory=list)   # rejected for good (e.g. V0 "ignored")
 
     @property
     def is_empty(self) -> bool:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import simpy
@@ -129,6 +129,11 @@ class Engine:
             for req, _, _ in plan.scheduled:
                 if math.isnan(req.scheduled_time):
                     req.scheduled_time = start
+            for req in plan.failed:
+                req.finish_time = start
+                self._on_done(req)
+            if plan.is_empty and plan.failed:
+                continue
             duration = self.cost_model.step_time(self._batch_shape(plan))
             yield env.timeout(duration)
             finished = sched.update_from_output(plan, env.now)
@@ -141,6 +146,12 @@ class Engine:
     # ------------------------------------------------------------ helpers
 
     def _admit(self, spec: RequestSpec, now: float) -> None:
+        if spec.n > 1:
+            # vLLM V1 fans parallel sampling out into n child requests with the
+            # same prompt; prefix caching shares their full prompt blocks.
+            for k in range(spec.n):
+                self._admit(replace(spec, request_id=f"{spec.request_id}#{k}", n=1), now)
+            return
         req = self.make_request(spec, self._index, now)
         self._index += 1
         self.num_arrived += 1

@@ -1,0 +1,170 @@
+"""Turn a validated scenario into the objects a run needs.
+
+Everything that can be wrong with a scenario is found here, before any
+simulation starts: unknown keys, bad values, unknown model or GPU names, a
+model that does not fit the GPU, a cost profile that does not exist, a
+workload file that cannot be read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from kvsim.cost import build_cost_model
+from kvsim.cost.base import CostModel
+from kvsim.sched.config import SchedulerConfig
+from kvsim.scenario.schema import (Scenario, ScenarioError, format_validation_error,
+                                   parse_overrides, read_scenario_dict)
+from kvsim.specs.capacity import KVCapacity, kv_capacity
+from kvsim.specs.catalog import load_gpu, load_model
+from kvsim.specs.gpu import GPUSpec
+from kvsim.specs.model import ModelSpec
+from kvsim.workload.config import WorkloadConfig, parse_workload_config
+
+GIB = 1 << 30
+# vLLM V1 `vllm serve` defaults (kv-semantics D4): (max_num_batched_tokens, max_num_seqs)
+_LARGE_GPU_BYTES = 70 * GIB
+_HUGE_GPU_BYTES = 160 * GIB
+
+
+@dataclass(frozen=True)
+class LoadedScenario:
+    """A scenario with every name resolved and every default filled in."""
+
+    scenario: Scenario
+    raw: dict[str, Any]
+    base_dir: Path
+    model: ModelSpec
+    gpu: GPUSpec
+    tp: int
+    capacity: KVCapacity | None          # None when num_gpu_blocks_override sizes the cache
+    sched_config: SchedulerConfig
+    cost_model: CostModel
+    workload: WorkloadConfig
+
+    @property
+    def name(self) -> str:
+        return self.scenario.name
+
+    @property
+    def seed(self) -> int:
+        return self.scenario.seed
+
+    @property
+    def scheduler(self) -> str:
+        return self.scenario.engine.scheduler
+
+
+def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] | None = None,
+                  base_dir: str | Path | None = None) -> LoadedScenario:
+    """Validate a scenario (file path or mapping) and resolve it; raises ScenarioError."""
+    if overrides and isinstance(overrides[0], str):
+        overrides = parse_overrides(overrides)
+    data, base = read_scenario_dict(path_or_dict, overrides=overrides)
+    if base_dir is not None:
+        base = Path(base_dir).resolve()
+    try:
+        sc = Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(format_validation_error(exc)) from None
+    try:
+        workload = parse_workload_config(sc.workload)
+    except ValidationError as exc:
+        raise ScenarioError(format_validation_error(exc, prefix="workload.")) from None
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
+    if workload.beam_width > 1:
+        raise ScenarioError(
+            f"workload.beam_width: got {workload.beam_width}; the engine schedulers serve parallel "
+            f"samples (workload.n) but not beam search, which vLLM runs outside its scheduler; "
+            f"beam-search block sharing is measured by `kvsim report sharing` (kvsim/kv/sharing.py)")
+    model = _named("model", load_model, sc.model, base)
+    gpu = _named("hardware.gpu", load_gpu, sc.hardware.gpu, base)
+    tp = sc.hardware.tp
+    eng = sc.engine
+    batched, seqs = _default_budget(gpu)
+    max_num_batched_tokens = eng.max_num_batched_tokens or batched
+    max_num_seqs = eng.max_num_seqs or min(seqs, max_num_batched_tokens)
+
+    capacity = None
+    if eng.num_gpu_blocks_override is not None:
+        num_gpu_blocks = eng.num_gpu_blocks_override
+    else:
+        try:
+            capacity = kv_capacity(model, gpu, tp=tp, gpu_memory_utilization=eng.gpu_memory_utilization,
+                                   block_size=eng.block_size, kv_cache_dtype=eng.kv_cache_dtype,
+                                   max_num_batched_tokens=max_num_batched_tokens,
+                                   max_num_seqs=max_num_seqs)
+        except ValueError as exc:
+            raise ScenarioError(f"model/hardware: {exc}") from None
+        num_gpu_blocks = capacity.num_gpu_blocks
+    token_capacity = (num_gpu_blocks - 1) * eng.block_size
+    max_model_len = eng.max_model_len
+    if max_model_len is None:
+        # vLLM would refuse to start; kvsim caps the default at what fits.
+        max_model_len = max(2, min(model.max_position_embeddings, token_capacity))
+    elif max_model_len > token_capacity:
+        raise ScenarioError(
+            f"engine.max_model_len: got {max_model_len}; one request of that length needs "
+            f"{-(-max_model_len // eng.block_size)} blocks but the KV cache has {num_gpu_blocks - 1} "
+            f"usable blocks ({token_capacity} tokens); lower it or give the cache more memory")
+    # The continuous (V0) scheduler never chunks a prefill.
+    chunking = eng.enable_chunked_prefill and eng.scheduler != "continuous"
+    if not chunking and eng.scheduler != "static":
+        if eng.max_num_batched_tokens is None:
+            max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)   # V0 default (V7)
+        elif max_num_batched_tokens < max_model_len:
+            raise ScenarioError(
+                f"engine.max_num_batched_tokens: got {max_num_batched_tokens}; without chunked "
+                f"prefill ({eng.scheduler} scheduler) it must be >= max_model_len ({max_model_len}), "
+                f"as vLLM requires; raise it or lower engine.max_model_len")
+    if eng.scheduler == "chunked" and eng.preemption_mode == "swap":
+        raise ScenarioError("engine.preemption_mode: got 'swap'; the chunked (vLLM V1) scheduler "
+                            "only preempts by recompute; allowed: recompute (swap needs "
+                            "scheduler: continuous)")
+    watermark = eng.watermark if eng.watermark is not None else (
+        0.01 if eng.scheduler == "continuous" else 0.0)
+    block_bytes = model.kv_bytes_per_block(eng.block_size, eng.kv_cache_dtype, tp)
+    sched_config = SchedulerConfig(
+        num_gpu_blocks=num_gpu_blocks, block_size=eng.block_size, max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        enable_prefix_caching=eng.enable_prefix_caching,
+        enable_chunked_prefill=eng.enable_chunked_prefill,
+        long_prefill_token_threshold=eng.long_prefill_token_threshold, policy=eng.policy,
+        scheduler_reserve_full_isl=eng.scheduler_reserve_full_isl, watermark=watermark,
+        preemption_mode=eng.preemption_mode or "recompute",
+        num_cpu_blocks=int(eng.swap_space * GIB) // block_bytes,
+        swap_block_bytes=block_bytes, debug=eng.debug)
+    try:
+        cost_model = build_cost_model(sc.cost_model, model=model, gpu=gpu, tp=tp,
+                                      kv_cache_dtype=eng.kv_cache_dtype)
+    except (ValueError, FileNotFoundError) as exc:
+        msg = str(exc)
+        raise ScenarioError(msg if msg.startswith("cost_model") else f"cost_model: {msg}") from None
+    return LoadedScenario(sc, data, base, model, gpu, tp, capacity, sched_config, cost_model, workload)
+
+
+def _named(path: str, loader, value, base: Path):
+    """Load a catalog entry; a relative file path resolves against the scenario folder."""
+    if isinstance(value, str) and (value.endswith((".json", ".yaml", ".yml"))):
+        candidate = Path(value)
+        if not candidate.is_absolute():
+            candidate = base / candidate
+        value = str(candidate)
+    try:
+        return loader(value)
+    except (ValueError, FileNotFoundError, KeyError, TypeError) as exc:
+        raise ScenarioError(f"{path}: {exc}") from None
+
+
+def _default_budget(gpu: GPUSpec) -> tuple[int, int]:
+    """vLLM V1 ``vllm serve`` defaults for this GPU (kv-semantics D4)."""
+    if gpu.memory_bytes >= _HUGE_GPU_BYTES:
+        return 16384, 1024
+    if gpu.memory_bytes >= _LARGE_GPU_BYTES and "a100" not in gpu.name.lower():
+        return 8192, 1024
+    return 2048, 256

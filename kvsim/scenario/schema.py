@@ -1,0 +1,164 @@
+"""The scenario file: schema, defaults and validation (pydantic v2).
+
+A scenario is one YAML mapping::
+
+    name: quickstart
+    seed: 0
+    model: llama-3.1-8b            # catalog name, inline mapping, or path to a HF config.json
+    hardware: {gpu: h100-sxm, tp: 1}
+    engine: {scheduler: chunked, max_num_batched_tokens: 2048, ...}   # vLLM knob names
+    cost_model: {type: roofline}
+    workload: {...}                # kvsim/workload/config.py
+    slo: {ttft_ms: 2000, tpot_ms: 100}
+    sweep: {...}                   # kvsim sweep only
+
+pydantic gives path-aware messages, defaults and a JSON Schema for editors
+for free; ``ScenarioError`` turns its errors into one line per problem that
+names the YAML path, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class ScenarioError(ValueError):
+    """A scenario that cannot run; the message names the YAML path and value."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class HardwareSection(_Section):
+    gpu: str | dict[str, Any] = "h100-sxm"
+    tp: int = Field(1, ge=1, le=64, description="tensor-parallel degree (GPUs per replica)")
+
+
+class EngineSection(_Section):
+    """vLLM engine knobs, under vLLM's names. ``None`` means vLLM's default for the GPU."""
+
+    scheduler: Literal["chunked", "continuous", "static"] = "chunked"
+    block_size: int = Field(16, ge=1, le=1024)
+    num_gpu_blocks_override: int | None = Field(None, ge=2)
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    max_model_len: int | None = Field(None, ge=2)
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = Field(0, ge=0)
+    policy: Literal["fcfs", "priority"] = "fcfs"
+    preemption_mode: Literal["recompute", "swap"] | None = None
+    swap_space: float = Field(4.0, ge=0.0, description="GiB of CPU swap space per GPU (continuous)")
+    kv_cache_dtype: Literal["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8"] = "auto"
+    watermark: float | None = Field(None, ge=0.0, lt=1.0)
+    scheduler_reserve_full_isl: bool = True
+    debug: bool = False
+
+
+class SloSection(_Section):
+    ttft_ms: float | None = Field(None, gt=0)
+    tpot_ms: float | None = Field(None, gt=0)
+    e2el_ms: float | None = Field(None, gt=0)
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class Scenario(_Section):
+    name: str = "scenario"
+    description: str = ""
+    seed: int = Field(0, ge=0)
+    model: str | dict[str, Any] = "llama-3.1-8b"
+    hardware: HardwareSection = HardwareSection()
+    engine: EngineSection = EngineSection()
+    cost_model: dict[str, Any] = Field(default_factory=lambda: {"type": "roofline"})
+    workload: dict[str, Any] = Field(default_factory=dict)
+    slo: SloSection = SloSection()
+    sweep: dict[str, Any] | None = None
+    # Not part of the YAML: where relative paths in it resolve.
+    base_dir: str = Field(".", exclude=True)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_simple(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("must not be empty")
+        return v
+
+
+SECTIONS = tuple(k for k in Scenario.model_fields if k != "base_dir")
+
+
+def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
+    """One line per problem: ``engine.block_size: got -1; Input should be >= 1``."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
+        path = f"{prefix}{loc}" if loc else prefix.rstrip(".") or "scenario"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            parent = path.rsplit(".", 1)[0] if "." in path else "the scenario"
+            lines.append(f"{path}: unknown key (not allowed in {parent})")
+            continue
+        given = err.get("input")
+        shown = repr(given) if not isinstance(given, dict) else "a mapping"
+        lines.append(f"{path}: got {shown}; {msg}")
+    return "\n".join(lines)
+
+
+def set_dotted(d: dict, path: str, value: Any) -> None:
+    """Set ``a.b.c`` in nested dicts, creating intermediate mappings."""
+    keys = path.split(".")
+    cur = d
+    for k in keys[:-1]:
+        nxt = cur.get(k)
+        if nxt is None:
+            nxt = cur[k] = {}
+        elif not isinstance(nxt, dict):
+            raise ScenarioError(f"{path}: cannot set inside {k!r}, which is {nxt!r}, not a mapping")
+        cur = nxt
+    cur[keys[-1]] = value
+
+
+def parse_overrides(items: list[str] | None) -> list[tuple[str, Any]]:
+    """``--set engine.block_size=32`` -> [("engine.block_size", 32)] (YAML-typed values)."""
+    out = []
+    for item in items or ():
+        if "=" not in item:
+            raise ScenarioError(f"--set {item!r}: expected KEY=VALUE, e.g. engine.block_size=32")
+        key, raw = item.split("=", 1)
+        out.append((key.strip(), yaml.safe_load(raw) if raw.strip() else None))
+    return out
+
+
+def read_scenario_dict(path_or_dict: str | Path | dict, *, overrides=None) -> tuple[dict, Path]:
+    """The raw mapping (with overrides applied) and the folder paths resolve against."""
+    if isinstance(path_or_dict, dict):
+        data = copy.deepcopy(path_or_dict)
+        base = Path(data.pop("base_dir", ".")).resolve()
+    else:
+        path = Path(path_or_dict)
+        if not path.is_file():
+            raise ScenarioError(f"scenario file {str(path)!r} does not exist")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            raise ScenarioError(f"{path}: not valid YAML: {exc}") from None
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ScenarioError(f"{path}: a scenario must be a YAML mapping, got {type(data).__name__}")
+        base = path.parent.resolve()
+    for key, value in overrides or ():
+        if key.split(".")[0] not in SECTIONS:
+            raise ScenarioError(f"{key}: unknown section {key.split('.')[0]!r}; "
+                                f"allowed: {', '.join(SECTIONS)}")
+        set_dotted(data, key, value)
+    return data, base

@@ -1,0 +1,201 @@
+"""``continuous``: prefill-first iteration-level batching (vLLM V0, Orca).
+
+A step is either prefill-only or decode-only (kv-semantics V1): when any
+waiting request can be admitted, the step runs only prefills, and every
+running request waits; otherwise the step decodes every running request,
+then swaps requests back in. Admission is gated by a watermark and ignores
+prefix hits (V2); decode feasibility is worst-case, one free block per
+request (V3); preemption takes the last running request, by recompute or by
+swapping its blocks to a CPU pool (V4). Swapped requests come back before new
+ones are admitted.
+
+The block pool is the same as ``chunked``'s (V1); V0's own evictor (hashless
+blocks first, then LRU by last access) may pick other victims among cached
+free blocks, which changes prefix hits but never capacity.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from kvsim.kv.manager import KVCacheManager, cdiv
+from kvsim.sched.base import FcfsQueue, StepPlan
+from kvsim.sched.config import SchedulerConfig
+from kvsim.sched.request import Request, RequestStatus
+
+
+class ContinuousScheduler:
+    """vLLM V0's default (non-chunked) scheduler."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.kv = KVCacheManager(
+            config.num_gpu_blocks, config.block_size, max_model_len=config.max_model_len,
+            enable_caching=config.enable_prefix_caching,
+            lifo_unhashed=config.lifo_unhashed_free, debug=config.debug)
+        self.waiting = FcfsQueue()
+        self.running: list[Request] = []
+        self.swapped: deque[Request] = deque()
+        self.num_free_cpu_blocks = config.num_cpu_blocks
+        self._cpu_blocks: dict[str, int] = {}
+        # V2: the watermark is a fraction of all GPU blocks.
+        self.watermark_blocks = int(config.watermark * config.num_gpu_blocks)
+
+    # ------------------------------------------------------------ protocol
+
+    def add_request(self, req: Request) -> None:
+        self.waiting.add(req)
+
+    def has_requests(self) -> bool:
+        return bool(self.running or self.swapped or len(self.waiting))
+
+    def get_request_counts(self) -> tuple[int, int]:
+        return len(self.running), len(self.waiting) + len(self.swapped)
+
+    def schedule(self) -> StepPlan:
+        plan = StepPlan()
+        if not self.swapped:
+            self._schedule_prefills(plan)
+        if not plan.scheduled:
+            # V1: no prefill this step -> decode everything, then swap in.
+            self._schedule_decodes(plan)
+            if not plan.preempted:
+                self._schedule_swap_ins(plan)
+        for req, n, _ in plan.scheduled:
+            req.num_computed_tokens += n
+            if req.num_computed_tokens >= req.num_tokens:
+                plan.num_sampled += 1
+        return plan
+
+    def update_from_output(self, plan: StepPlan, now: float) -> list[Request]:
+        finished = []
+        for req, _, _ in plan.scheduled:
+            if req.num_computed_tokens < req.num_tokens:
+                continue
+            req.num_output_tokens += 1
+            req.token_times.append(now)
+            if len(req.token_times) == 1:
+                req.first_token_time = now
+            if req.is_finished:
+                finished.append(req)
+        for req in finished:
+            req.status = RequestStatus.FINISHED
+            req.finish_time = now
+            self.running.remove(req)
+            self.kv.free(req)
+        return finished
+
+    # ------------------------------------------------------------ prefills
+
+    def _can_allocate(self, req: Request) -> str:
+        """V2: "ok", "later" or "never", ignoring prefix hits."""
+        required = cdiv(req.num_tokens, self.config.block_size)
+        usable = self.kv.num_usable_blocks
+        if usable - required < self.watermark_blocks:
+            return "never"
+        if self.kv.get_num_free_blocks() - required >= self.watermark_blocks:
+            return "ok"
+        return "later"
+
+    def _schedule_prefills(self, plan: StepPlan) -> None:
+        cfg = self.config
+        budget = cfg.max_num_batched_tokens
+        prompt_limit = min(cfg.max_model_len, cfg.max_num_batched_tokens)
+        while len(self.waiting) and len(self.running) < cfg.max_num_seqs:
+            req = self.waiting.peek()
+            if req.num_tokens > prompt_limit:
+                # V0 ignores a prompt that can never fit the batch.
+                self._ignore(plan, req, f"{req.num_tokens} tokens exceed the prompt limit "
+                                  f"min(max_model_len, max_num_batched_tokens) = {prompt_limit}")
+                continue
+            verdict = self._can_allocate(req)
+            if verdict == "never":
+                self._ignore(plan, req, "needs more blocks than the cache holds above the watermark")
+                continue
+            if verdict == "later":
+                break
+            hits, num_hit = self.kv.get_computed_blocks(req)
+            n = req.num_tokens - num_hit
+            if n > budget:
+                break
+            self.kv.allocate_slots(req, n, num_hit, hits)
+            self.waiting.pop()
+            self.running.append(req)
+            if req.status is RequestStatus.PREEMPTED:
+                plan.resume_hit_tokens[req.request_id] = num_hit
+            else:
+                plan.prefix_hit_tokens[req.request_id] = num_hit
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_hit
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens = num_hit
+            plan.scheduled.append((req, n, num_hit))
+            budget -= n
+
+    def _ignore(self, plan: StepPlan, req: Request, reason: str) -> None:
+        self.waiting.pop()
+        req.status = RequestStatus.FAILED
+        req.fail_reason = reason
+        plan.failed.append(req)
+
+    # ------------------------------------------------------------- decodes
+
+    def _schedule_decodes(self, plan: StepPlan) -> None:
+        """V3: a decode needs one free block, worst case; else preempt the last."""
+        kv = self.kv
+        queue = deque(self.running)
+        kept: list[Request] = []
+        while queue:
+            req = queue.popleft()
+            while kv.get_num_free_blocks() < 1:
+                victim = queue.pop() if queue else req
+                self._preempt(victim, plan)
+                if victim is req:
+                    break
+            if req.status is not RequestStatus.RUNNING:
+                continue
+            kv.allocate_slots(req, 1)
+            kept.append(req)
+            plan.scheduled.append((req, 1, req.num_computed_tokens))
+        self.running = kept
+
+    def _preempt(self, req: Request, plan: StepPlan) -> None:
+        plan.preempted.append(req)
+        req.num_preemptions += 1
+        held = len(self.kv.get_blocks(req.request_id))
+        if self.config.preemption_mode == "swap":
+            if held > self.num_free_cpu_blocks:
+                raise RuntimeError(
+                    f"swap space exhausted: request {req.request_id} needs {held} CPU blocks, "
+                    f"{self.num_free_cpu_blocks} free (raise engine.swap_space)")
+            self.num_free_cpu_blocks -= held
+            self._cpu_blocks[req.request_id] = held
+            plan.swap_bytes += held * self.config.swap_block_bytes
+            self.kv.free(req)
+            req.status = RequestStatus.SWAPPED
+            self.swapped.append(req)
+            return
+        self.kv.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        self.waiting.prepend(req)
+
+    def _schedule_swap_ins(self, plan: StepPlan) -> None:
+        kv = self.kv
+        while self.swapped and len(self.running) < self.config.max_num_seqs:
+            req = self.swapped[0]
+            blocks = self._cpu_blocks[req.request_id]
+            # Swap-in must leave the watermark free, plus one block to decode.
+            if kv.get_num_free_blocks() - blocks - 1 < self.watermark_blocks:
+                break
+            self.swapped.popleft()
+            computed = req.num_computed_tokens
+            req.num_computed_tokens = 0
+            kv.allocate_slots(req, computed)
+            req.num_computed_tokens = computed
+            self.num_free_cpu_blocks += self._cpu_blocks.pop(req.request_id)
+            plan.swap_bytes += blocks * self.config.swap_block_bytes
+            req.status = RequestStatus.RUNNING
+            kv.allocate_slots(req, 1)
+            self.running.append(req)
+            plan.scheduled.append((req, 1, computed))
