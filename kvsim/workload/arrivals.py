@@ -24,7 +24,8 @@ class ArrivalClock:
     def next_times(self, count: int) -> np.ndarray:
         gaps = self._gaps_s(count)
         # times[i] = next + gaps[0] + ... + gaps[i-1]: the gap after request i is gaps[i].
-        times = self._next_time_s + np.cumsum(gaps) - gaps
+        # (A running sum, not cumsum(gaps) - gaps, which can round to a decreasing time.)
+        times = self._next_time_s + np.concatenate(([0.0], np.cumsum(gaps[:-1])))[:count]
         if count:
             self._next_time_s = float(times[-1] + gaps[-1])
         return times

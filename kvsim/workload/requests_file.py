@@ -78,7 +78,9 @@ def read_requests_file(path: Path, *, yaml_path: str = "workload.requests_file")
                 request_id=line.id, arrival_time_s=line.arrival_time, prompt_token_ids=prompt,
                 max_tokens=line.max_tokens, priority=line.priority, output_token_ids=output,
                 cache_salt=line.cache_salt, n=line.n, beam_width=line.beam_width,
-                after_request_id=line.after_request_id, think_time_s=line.think_time_s))
+                after_request_id=line.after_request_id, think_time_s=line.think_time_s,
+                # Generated ids follow the vLLM oracle: 1_000_000 * (line index + 1) + k.
+                output_id_base=1_000_000 * (len(specs) + 1)))
     # sorted() is stable: equal arrival times keep line order.
     return sorted(specs, key=lambda spec: spec.arrival_time_s)
 

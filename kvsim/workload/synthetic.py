@@ -43,11 +43,11 @@ def sample_priorities(priority: int | PriorityChoice, rng: np.random.Generator, 
     return rng.choice(np.asarray(priority.values, dtype=np.int64), size=count, p=weights)
 
 
-def session_turn_counts(num_requests: int, turns: int) -> np.ndarray:
-    """Turns per session: ``num_requests`` requests in full sessions, the last one cut short."""
+def session_turn_counts(num_requests: int, turns: int, first: int, count: int) -> np.ndarray:
+    """Turns of sessions ``first .. first+count-1``: full sessions, the last one cut to fit ``num_requests``."""
     num_sessions = math.ceil(num_requests / turns)
-    counts = np.full(num_sessions, turns, dtype=np.int64)
-    if num_sessions:
+    counts = np.full(max(0, min(count, num_sessions - first)), turns, dtype=np.int64)
+    if len(counts) and first + len(counts) == num_sessions:
         counts[-1] = num_requests - (num_sessions - 1) * turns
     return counts
 
@@ -59,11 +59,11 @@ def synthetic_requests(config: WorkloadConfig, arrival: ArrivalConfig, seed: int
     group_prompts = [counter.take(config.prefix.shared_prompt_tokens)
                      for _ in range(config.prefix.num_groups)]
     clock = ArrivalClock(arrival, rng)
-    turn_counts = session_turn_counts(config.num_requests, config.sessions.turns)
+    num_sessions = math.ceil(config.num_requests / config.sessions.turns)
     think_time_s = config.sessions.think_time_s
     next_index = 0
-    for first in range(0, len(turn_counts), CHUNK_SESSIONS):
-        turns = turn_counts[first:first + CHUNK_SESSIONS]
+    for first in range(0, num_sessions, CHUNK_SESSIONS):
+        turns = session_turn_counts(config.num_requests, config.sessions.turns, first, CHUNK_SESSIONS)
         num_in_chunk = int(turns.sum())
         # Draw order is fixed (arrivals, groups, lengths, priorities): same seed, same requests.
         start_times = clock.next_times(len(turns))
