@@ -312,7 +312,9 @@ def _schema_sections() -> tuple[str, ...]:
     root = _schema_root()
     if root is None:
         return SCENARIO_SECTIONS
-    return tuple(name for name in root.model_fields if name != "sweep")
+    # Fields excluded from dumps (the loader's base_dir) are not YAML sections.
+    return tuple(name for name, field in root.model_fields.items()
+                 if name != "sweep" and not field.exclude)
 
 
 def _models_in(annotation: Any) -> list:
