@@ -127,20 +127,30 @@ def kv_timeline(steps: pd.DataFrame, title: str | None = None) -> Figure:
 
 
 def batch_timeline(steps: pd.DataFrame, title: str | None = None,
-                   token_budget: int | None = None) -> Figure:
+                   token_budget: int | None = None, max_bins: int = 600) -> Figure:
     """Per step, decode tokens (bottom) and prefill tokens (top), stacked.
 
     Prefill-first ``continuous`` batching shows tall prefill-only steps with no
     decode under them (stalls); decode-first ``chunked`` shows a steady decode
-    band with prefill chunks filling the budget above it.
+    band with prefill chunks filling the budget above it. Runs longer than
+    ``max_bins`` steps are drawn as the mean per step over equal groups of
+    consecutive steps (a single step would be thinner than a pixel); select a
+    range of steps first to see every step.
     """
     needed = ["step", "num_prefill_tokens", "num_decode_tokens"]
     _require("batch-timeline", steps, needed, "steps.csv")
     step = steps["step"].to_numpy(dtype=float)
     decode = steps["num_decode_tokens"].to_numpy(dtype=float)
     prefill = steps["num_prefill_tokens"].to_numpy(dtype=float)
-    # One filled band per series (not one bar per step) keeps 10^5 steps cheap.
-    edges = np.append(step, step[-1] + 1 if len(step) else 0)
+    per = int(np.ceil(len(step) / max_bins))
+    if per > 1:
+        groups = np.arange(len(step)) // per
+        counts = np.bincount(groups)
+        decode = np.bincount(groups, decode) / counts
+        prefill = np.bincount(groups, prefill) / counts
+        step = step[::per]
+    # One filled band per series (not one bar per step) keeps long runs cheap.
+    edges = np.append(step, step[-1] + per)
     fig, (ax,) = _figure(1)
     ax.fill_between(edges, 0, np.append(decode, decode[-1:]), step="post",
                     color="tab:blue", label="decode tokens", linewidth=0)
@@ -151,7 +161,8 @@ def batch_timeline(steps: pd.DataFrame, title: str | None = None,
         ax.axhline(token_budget, color="black", linestyle=":", linewidth=1,
                    label=f"max_num_batched_tokens = {token_budget}")
     ax.set_xlabel("Engine step")
-    ax.set_ylabel("Tokens scheduled in the step")
+    ax.set_ylabel("Tokens scheduled in the step" if per == 1
+                  else f"Tokens per step (mean of {per} steps)")
     ax.set_ylim(bottom=0)
     ax.set_xlim(edges[0], edges[-1])
     ax.grid(True, alpha=0.3)

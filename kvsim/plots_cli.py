@@ -38,6 +38,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--policy", metavar="COL", default="engine.scheduler",
                    help="latency-throughput: column with one line per value "
                         "(default engine.scheduler)")
+    p.add_argument("--steps", metavar="START:END",
+                   help="kv-timeline, batch-timeline: only steps START <= step < END "
+                        "(either side may be left empty)")
     p.add_argument("--out", type=Path, metavar="FILE.png|.svg",
                    help="where to write (default: KIND.png next to the input)")
     p.add_argument("--title", help="scenario name for the title (default: from the input)")
@@ -54,11 +57,15 @@ def run_plot(args: argparse.Namespace) -> int:
         raise ValueError(f"plot '{kind}' reads a sweep's results.csv: pass --results FILE.csv, "
                          f"not --run")
     out = args.out or (args.run if args.run is not None else args.results.parent) / f"{kind}.png"
+    if args.steps and kind not in RUN_KINDS:
+        raise ValueError(f"--steps applies to {' and '.join(RUN_KINDS)}, not '{kind}'")
     if out.suffix.lower() not in FORMATS:
         raise ValueError(f"--out {out}: the file must end in .png or .svg")
 
     if args.run is not None:
         steps = _read_csv(args.run / "steps.csv")
+        if args.steps:
+            steps = _select_steps(steps, args.steps)
         title = args.title or _run_title(args.run)
         fig = plots.kv_timeline(steps, title) if kind == "kv-timeline" \
             else plots.batch_timeline(steps, title)
@@ -115,3 +122,26 @@ def _swept_column(results: pd.DataFrame) -> str:
                          "pass --x COL")
     raise ValueError(f"plot 'tradeoff': several swept parameters vary ({', '.join(swept)}); "
                      f"pass --x COL")
+
+
+def _select_steps(steps: pd.DataFrame, spec: str) -> pd.DataFrame:
+    """Rows with START <= step < END for ``--steps START:END``."""
+    start, sep, end = spec.partition(":")
+    try:
+        lo = int(start) if start.strip() else None
+        hi = int(end) if end.strip() else None
+    except ValueError:
+        lo = hi = sep = None
+    if not sep:
+        raise ValueError(f"--steps {spec}: expected START:END with integers, e.g. 1000:1200")
+    if "step" not in steps.columns:
+        raise ValueError("--steps: steps.csv has no 'step' column")
+    keep = pd.Series(True, index=steps.index)
+    if lo is not None:
+        keep &= steps["step"] >= lo
+    if hi is not None:
+        keep &= steps["step"] < hi
+    if not keep.any():
+        raise ValueError(f"--steps {spec}: no step in that range (steps.csv has steps "
+                         f"{steps['step'].min()}..{steps['step'].max()})")
+    return steps[keep]

@@ -257,3 +257,29 @@ def test_tradeoff_averages_repeats_and_skips_failed_points():
     xs, ys = ax_itl.get_lines()[1].get_data()
     assert list(xs) == [512, 2048, 8192]
     assert list(ys) == pytest.approx([25 + 512 / 200, 25 + 2048 / 200, 25 + 8192 / 200])
+
+
+def test_batch_timeline_averages_groups_of_steps_for_long_runs():
+    steps = run_steps(10).assign(num_prefill_tokens=[0, 100] * 5, num_decode_tokens=[4] * 10)
+    ax = plots.batch_timeline(steps, max_bins=5).axes[0]
+    prefill_band = ax.collections[1].get_paths()[0].vertices
+    assert prefill_band[:, 1].max() == 54   # 4 decode + mean(0, 100) prefill
+    assert ax.get_ylabel() == "Tokens per step (mean of 2 steps)"
+    assert ax.get_xlim() == (0.0, 10.0)
+
+
+def test_cli_steps_selects_a_range_of_steps(run_dir, tmp_path):
+    out = tmp_path / "zoom.png"
+    assert main(["plot", "batch-timeline", "--run", str(run_dir), "--steps", "50:80",
+                 "--out", str(out)]) == 0
+    assert out.stat().st_size > 1000
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("50", "expected START:END with integers"),
+    ("a:b", "expected START:END with integers"),
+    ("5000:", "no step in that range (steps.csv has steps 0..199)"),
+])
+def test_cli_bad_steps_range_exits_2(spec, message, run_dir, capsys):
+    assert main(["plot", "kv-timeline", "--run", str(run_dir), "--steps", spec]) == 2
+    assert message in capsys.readouterr().err

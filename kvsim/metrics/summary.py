@@ -121,7 +121,7 @@ def format_summary(summary: Mapping) -> str:
             text = str(int(value))
         else:
             text = format(value * scale, fmt)
-        lines.append("{:<40} {:<10}".format(label, text))
+        lines.append("{:<40} {}".format(label, text))
 
     row("Successful requests:", "completed", "d")
     row("Failed requests:", "failed", "d")
