@@ -429,7 +429,7 @@ def colliding_run(point_scenario, point_dir=None):
 def test_summary_keys_that_collide_with_row_columns_get_a_prefix(tmp_path):
     run(scenario({"grid": {"engine.block_size": [8]}}), tmp_path, run_point=colliding_run)
     df = pd.read_csv(tmp_path / "results.csv")
-    assert df[["summary.status", "completed", "status"]].values.tolist() == [["fine", 3, "ok"]]
+    assert df[["summary_status", "completed", "status"]].values.tolist() == [["fine", 3, "ok"]]
 
 
 # --- progress -------------------------------------------------------------------

@@ -61,7 +61,8 @@ import yaml
 # used when the schema module cannot be imported.
 SCENARIO_SECTIONS = ("name", "seed", "model", "hardware", "engine", "cost_model", "workload", "slo")
 SWEEP_KEYS = ("grid", "zip", "repeat")
-# Columns every row has; summary keys that collide with them get a "summary." prefix.
+# Columns every row has; a summary key that collides with one gets a "summary_"
+# prefix (no dot: plots take dotted columns for swept keys).
 LEADING_COLUMNS = ("point_id", "repeat", "seed")
 TRAILING_COLUMNS = ("status", "error", "wall_time_s")
 RESULTS_JSONL = "results.jsonl"
@@ -618,7 +619,7 @@ def write_results_csv(out_dir: str | os.PathLike, points: list[SweepPoint],
         row = {"point_id": point.point_id, "repeat": point.repeat, "seed": point.seed}
         row |= {path: _cell(value) for path, value in point.params.items()}
         for key, value in (record.get("summary") or {}).items():
-            column = f"summary.{key}" if key in reserved else key
+            column = f"summary_{key}" if key in reserved else key
             metric_columns.setdefault(column, None)
             row[column] = _cell(value)
         row |= {"status": record.get("status", "failed"), "error": record.get("error", ""),
@@ -705,6 +706,7 @@ class ProgressBar:
         self.clock = clock
         self.start_s: float | None = None
         self.last_draw_s = -math.inf
+        self.last_len = 0
 
     def render(self, done: int, failed: int, total: int, elapsed_s: float) -> str:
         filled = self.width * done // total if total else self.width
@@ -723,7 +725,9 @@ class ProgressBar:
             return
         self.last_draw_s = now
         line = self.render(done, failed, total, now - self.start_s)
-        self.stream.write("\r" + line + ("\n" if final else ""))
+        padded = line.ljust(self.last_len)  # blank out the rest of a longer previous line
+        self.last_len = len(line)
+        self.stream.write("\r" + padded + ("\n" if final else ""))
         self.stream.flush()
 
 
