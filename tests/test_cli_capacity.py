@@ -82,3 +82,11 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("kvsim capacity: error: ")
     assert message in err
+
+
+def test_unparsable_number_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["capacity", "--model", "llama-3.1-8b", "--gpu", "h100", "--tp", "two"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert err == "kvsim capacity: error: argument --tp: invalid int value: 'two'\n"

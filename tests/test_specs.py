@@ -273,6 +273,7 @@ def test_hf_llama_config_json_from_disk(tmp_path):
     d.mkdir()
     (d / "config.json").write_text(json.dumps(cfg))
     m = load_model(str(d / "config.json"))
+    assert load_model(str(d)) == m  # the model folder works too
     assert m.name == "llama-3.1-8b"
     assert m.head_dim == 128 and m.gated_mlp
     assert m.kv_bytes_per_token() == 131_072

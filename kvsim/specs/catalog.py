@@ -131,7 +131,8 @@ def load_model(spec: str | Mapping[str, Any] | ModelSpec) -> ModelSpec:
     """A :class:`ModelSpec` from a catalog name, a mapping, or a file path.
 
     A mapping or file with ``num_hidden_layers`` is read as a Hugging Face
-    ``config.json``; otherwise its keys must be ``ModelSpec`` fields.
+    ``config.json`` (a folder holding one works too); otherwise its keys must
+    be ``ModelSpec`` fields.
     """
     if isinstance(spec, ModelSpec):
         return spec
@@ -143,6 +144,8 @@ def load_model(spec: str | Mapping[str, Any] | ModelSpec) -> ModelSpec:
             name, entry = found
             return model_from_mapping(entry, default_name=name)
         path = Path(spec)
+        if path.is_dir() and (path / "config.json").is_file():
+            path = path / "config.json"  # a Hugging Face model folder
         if path.is_file():
             default = path.parent.name if path.name == "config.json" else path.stem
             return model_from_mapping(_read_mapping(path), default_name=default or "custom-model")

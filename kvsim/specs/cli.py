@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from kvsim.specs import catalog
 from kvsim.specs.capacity import KVCapacity, kv_capacity
@@ -47,6 +48,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--cudagraph-gib", type=float, default=None,
                    help="CUDA-graph memory, GiB (default 0.5; 0 for --enforce-eager)")
     p.set_defaults(func=run)
+
+    def one_line_error(message: str):
+        # argparse prints the whole usage block; a user error here is one line (exit 2).
+        print(f"kvsim capacity: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+    p.error = one_line_error
     return p
 
 
