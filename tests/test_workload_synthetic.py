@@ -308,3 +308,8 @@ def test_arrival_times_never_decrease():
     specs = requests_of({"num_requests": 3000, "arrival": {"type": "gamma", "rate": 50, "burstiness": 0.1}})
     times = [s.arrival_time_s for s in specs]
     assert times == sorted(times)
+
+
+def test_empirical_reads_a_json_lines_column():
+    values = lengths({"type": "empirical", "file": "workload_mooncake_small.jsonl", "column": "input_length"})
+    assert set(values.tolist()) == {1024, 1100, 600}
