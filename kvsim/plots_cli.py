@@ -71,7 +71,7 @@ def run_plot(args: argparse.Namespace) -> int:
             else plots.batch_timeline(steps, title)
     else:
         results = _read_csv(args.results)
-        title = args.title or args.results.resolve().parent.name
+        title = args.title or _results_title(results, args.results)
         if kind == "tradeoff":
             fig = plots.tradeoff(results, args.x or _swept_column(results), title=title)
         elif kind == "latency-throughput":
@@ -110,6 +110,15 @@ def _run_title(run_dir: Path) -> str:
             if isinstance(summary.get(key), str) and summary[key]:
                 return summary[key]
     return run_dir.resolve().name
+
+
+def _results_title(results: pd.DataFrame, path: Path) -> str:
+    """The scenario's name when the sweep recorded one (``scenario`` column), else the folder's."""
+    if "scenario" in results.columns:
+        names = results["scenario"].dropna().unique()
+        if len(names) == 1:
+            return str(names[0])
+    return path.resolve().parent.name
 
 
 def _swept_column(results: pd.DataFrame) -> str:

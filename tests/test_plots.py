@@ -283,3 +283,15 @@ def test_cli_steps_selects_a_range_of_steps(run_dir, tmp_path):
 def test_cli_bad_steps_range_exits_2(spec, message, run_dir, capsys):
     assert main(["plot", "kv-timeline", "--run", str(run_dir), "--steps", spec]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_titles_a_sweep_plot_with_its_scenario_column(tmp_path, monkeypatch):
+    results = tmp_path / "results.csv"
+    sweep_results().query("`engine.max_num_batched_tokens` == 2048") \
+        .assign(scenario="rate-sweep").to_csv(results, index=False)
+    titles = []
+    real = plots.latency_throughput
+    monkeypatch.setattr(plots, "latency_throughput",
+                        lambda *a, **k: titles.append(k["title"]) or real(*a, **k))
+    assert main(["plot", "latency-throughput", "--results", str(results)]) == 0
+    assert titles == ["rate-sweep"]
