@@ -295,3 +295,24 @@ def test_cli_titles_a_sweep_plot_with_its_scenario_column(tmp_path, monkeypatch)
                         lambda *a, **k: titles.append(k["title"]) or real(*a, **k))
     assert main(["plot", "latency-throughput", "--results", str(results)]) == 0
     assert titles == ["rate-sweep"]
+
+
+def test_memory_waste_plots_the_allocators_own_usage_records():
+    import dataclasses
+
+    from kvsim.kv.contiguous import ContiguousAllocator, paged_usage
+
+    contiguous = ContiguousAllocator(capacity_tokens=8192, bytes_per_token=128 * 1024)
+    for i, used in enumerate([300, 900, 150]):
+        contiguous.allocate(i, 2048)
+        contiguous.set_used(i, used)
+    contiguous.free(1)
+    rows = [dataclasses.asdict(contiguous.usage(next_request_tokens=4096)) | {"system": "contiguous"},
+            dataclasses.asdict(paged_usage([300, 150], block_size=16, bytes_per_token=128 * 1024,
+                                           total_blocks=512)) | {"system": "paged"}]
+    ax = plots.memory_waste(pd.DataFrame(rows), "teaching").axes[0]
+    # contiguous: 450 tokens used, 3646 reserved, both 2048-token gaps too small
+    # for a 4096-token request -> (3646 + 4096) / 8192 = 94.5 % waste.
+    # paged: 29 blocks = 464 slots hold 450 tokens -> 14 / 464 = 3.0 %.
+    assert [t.get_text() for t in ax.texts] == ["95% waste", "3% waste"]
+    assert ax.get_ylabel() == "KV memory (GiB)"
