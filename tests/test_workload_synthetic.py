@@ -313,3 +313,17 @@ def test_arrival_times_never_decrease():
 def test_empirical_reads_a_json_lines_column():
     values = lengths({"type": "empirical", "file": "workload_mooncake_small.jsonl", "column": "input_length"})
     assert set(values.tolist()) == {1024, 1100, 600}
+
+
+def test_streaming_holds_only_a_chunk_in_memory():
+    import tracemalloc
+
+    workload = build_workload({"num_requests": 4000, "prefix": {"shared_prompt_tokens": 128, "num_groups": 4}},
+                              rng=np.random.default_rng(0))
+    tracemalloc.start()
+    num_tokens = sum(spec.num_prompt_tokens for spec in workload.requests())
+    _, peak_bytes = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    # All prompts at once would be num_tokens * 8 bytes (~26 MB); a lazy stream holds one chunk.
+    assert num_tokens * 8 > 20e6
+    assert peak_bytes < 2e6
