@@ -205,16 +205,15 @@ class WorkloadConfig(_Section):
     @model_validator(mode="after")
     def _one_kind_of_workload(self):
         given = self.model_fields_set
-        if self.requests_file is not None:
-            for key in sorted(given - set(REQUESTS_FILE_KEYS)):
-                raise _conflict(key, ": not allowed with requests_file (the file gives every request); "
-                                     "remove it or remove requests_file")
-        if self.trace is not None:
-            for key in SYNTHETIC_ONLY_KEYS:
-                if key in given:
-                    raise _conflict(key, ": not allowed with trace (the trace gives lengths and count; "
-                                         "use trace.max_requests); allowed with trace: arrival, n, "
-                                         "beam_width, priority, cache_salt")
+        extra = sorted(given - set(REQUESTS_FILE_KEYS))
+        if self.requests_file is not None and extra:
+            raise _conflict(extra[0], ": not allowed with requests_file (the file gives every request); "
+                                      "remove it or remove requests_file")
+        synthetic = [key for key in SYNTHETIC_ONLY_KEYS if key in given]
+        if self.trace is not None and synthetic:
+            raise _conflict(synthetic[0], ": not allowed with trace (the trace gives lengths and count; "
+                                          "use trace.max_requests); allowed with trace: arrival, n, "
+                                          "beam_width, priority, cache_salt")
         if self.sessions.turns > 1:
             if isinstance(self.arrival, ClosedLoopArrival):
                 raise _conflict("sessions.turns", " = {turns} with arrival closed_loop is not supported; "
