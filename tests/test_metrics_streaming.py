@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from kvsim.metrics.schema import REQUEST_COLUMNS, STEP_COLUMNS
 from kvsim.metrics.streaming import LogHistogram, StreamingStats
@@ -141,3 +142,13 @@ def test_histogram_memory_does_not_grow_with_samples():
 def test_histogram_rejects_nan_samples():
     with pytest.raises(ValueError, match="NaN"):
         LogHistogram().add([1.0, float("nan")])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(min_value=1e-3, max_value=1e7), min_size=1, max_size=300),
+       st.floats(min_value=0, max_value=100))
+def test_any_percentile_of_in_range_samples_is_within_the_bound(samples, q):
+    hist = LogHistogram()
+    hist.add(samples)
+    exact = np.percentile(samples, q)
+    assert abs(hist.percentile(q) - exact) <= BOUND * exact
