@@ -135,6 +135,18 @@ def test_missing_columns_are_named(tmp_path):
                                "TIMESTAMP, ContextTokens, GeneratedTokens (found: time, ContextTokens)")
 
 
+def test_missing_azure_timestamp_is_rejected_with_its_row(tmp_path):
+    (tmp_path / "gap.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.1,5,6\n,5,6\n")
+    with pytest.raises(ValueError, match=r"gap.csv: TIMESTAMP in data row 1 is missing"):
+        workload({"format": "azure", "path": "gap.csv"}, base_dir=tmp_path)
+
+
+def test_malformed_azure_timestamp_is_rejected(tmp_path):
+    (tmp_path / "bad.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,5,6\n")
+    with pytest.raises(ValueError, match=r"bad.csv: TIMESTAMP must be date-times like"):
+        workload({"format": "azure", "path": "bad.csv"}, base_dir=tmp_path)
+
+
 def test_negative_length_is_rejected_with_its_row(tmp_path):
     (tmp_path / "neg.csv").write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0,5,1\n1,-4,1\n")
     with pytest.raises(ValueError, match=r"neg.csv: num_prefill_tokens in data row 1 is -4; must be >= 0"):

@@ -79,6 +79,9 @@ def read_azure(path: Path) -> TraceTable:
         stamps = pd.to_datetime(table["TIMESTAMP"], format="ISO8601")
     except (ValueError, TypeError) as exc:
         raise ValueError(f"{path}: TIMESTAMP must be date-times like '2023-11-16 18:15:46.6805900' ({exc})") from None
+    if stamps.isna().any():
+        row = int(np.argmax(stamps.isna().to_numpy()))
+        raise ValueError(f"{path}: TIMESTAMP in data row {row} is missing")
     ns = stamps.to_numpy(dtype="datetime64[ns]").astype(np.int64)
     # Subtract in integers first: absolute epoch nanoseconds do not fit a float exactly.
     seconds = (ns - ns.min()) / 1e9 if len(ns) else np.zeros(0)
