@@ -117,6 +117,10 @@ def test_clipping_raises_samples_to_min():
     assert np.mean(values == 5) == pytest.approx(0.46, abs=0.015)  # P(N(10,50) < 5.5) ~ 0.466
 
 
+def test_samples_without_max_are_capped_to_a_valid_length():
+    assert lengths({"type": "normal", "mean": 1e30, "std": 1}, count=3).tolist() == [2**31 - 1] * 3
+
+
 def test_normal_never_goes_below_one_token():
     assert lengths({"type": "normal", "mean": 0, "std": 10}).min() == 1
 

@@ -11,6 +11,10 @@ from kvsim.workload.config import (EmpiricalLength, FixedLength, LengthConfig, L
                                    NormalLength, UniformLength, resolve_path)
 
 
+# Cap when no max is given, so a wild sample (lognormal tail, huge mean) stays a valid int64.
+MAX_LENGTH = 2**31 - 1
+
+
 class LengthSampler:
     """Draws ``count`` lengths at a time; the empirical column is read once, here."""
 
@@ -34,7 +38,7 @@ class LengthSampler:
             raw = self._values[rng.integers(0, len(self._values), size=count)]
         else:
             raise TypeError(f"unknown length config {cfg!r}")
-        upper = np.inf if cfg.max is None else cfg.max
+        upper = MAX_LENGTH if cfg.max is None else cfg.max
         return np.clip(np.rint(raw), cfg.min, upper).astype(np.int64)
 
 
