@@ -290,9 +290,8 @@ def test_cli_titles_a_sweep_plot_with_its_scenario_column(tmp_path, monkeypatch)
     sweep_results().query("`engine.max_num_batched_tokens` == 2048") \
         .assign(scenario="rate-sweep").to_csv(results, index=False)
     titles = []
-    real = plots.latency_throughput
     monkeypatch.setattr(plots, "latency_throughput",
-                        lambda *a, **k: titles.append(k["title"]) or real(*a, **k))
+                        lambda *a, **k: titles.append(k["title"]) or Figure())
     assert main(["plot", "latency-throughput", "--results", str(results)]) == 0
     assert titles == ["rate-sweep"]
 
