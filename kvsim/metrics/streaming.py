@@ -35,6 +35,7 @@ from kvsim.metrics.summary import (
     STATISTICS,
     build_summary,
     check_slo,
+    completed_mask,
     good_mask,
     request_latencies_s,
 )
@@ -207,10 +208,9 @@ class StreamingStats:
 
     def add_requests(self, requests) -> None:
         """A chunk of request rows (DataFrame or mapping of arrays)."""
-        status = np.asarray(requests["status"], dtype=object)
-        if len(status) == 0:
+        completed = completed_mask(requests)
+        if len(completed) == 0:
             return
-        completed = status == "completed"
         col = {name: np.asarray(requests[name], dtype=float)
                for name in self._REQUEST_FIELDS if name != "status"}
         lat = request_latencies_s(requests, completed)

@@ -29,6 +29,7 @@ import math
 from collections.abc import Mapping
 
 import numpy as np
+import pandas as pd
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 STATISTICS = ("mean", "median", "std", "p90", "p99")
@@ -74,7 +75,7 @@ def summarize(requests, steps, itl_s, *, num_gpu_blocks: int, slo: dict | None =
     ``request_goodput`` is NaN.
     """
     slo = check_slo(slo)
-    completed = _completed_mask(requests)
+    completed = completed_mask(requests)
     lat = request_latencies_s(requests, completed)
     itl_ms = np.asarray(itl_s, dtype=float) * 1000.0
 
@@ -185,7 +186,7 @@ def request_latencies_s(requests, completed: np.ndarray | None = None) -> dict[s
     """Per completed request: ``ttft_s``, ``tpot_s`` (0 with one output token), ``e2el_s``
     and ``num_output_tokens``."""
     if completed is None:
-        completed = _completed_mask(requests)
+        completed = completed_mask(requests)
     arrival = _column(requests, "arrival_time_s")[completed]
     first = _column(requests, "first_token_time_s")[completed]
     finish = _column(requests, "finish_time_s")[completed]
@@ -299,9 +300,11 @@ def _column(table, name: str) -> np.ndarray:
     return np.asarray(values, dtype=float)
 
 
-def _completed_mask(requests) -> np.ndarray:
+def completed_mask(requests) -> np.ndarray:
     try:
         status = requests["status"]
     except KeyError:
         raise ValueError("metrics: requests table lacks column 'status'") from None
+    if isinstance(status, pd.Series):  # pandas string dtype: a missing status is not completed
+        return status.eq("completed").fillna(False).to_numpy(dtype=bool)
     return np.asarray(status, dtype=object) == "completed"
