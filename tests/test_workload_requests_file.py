@@ -87,14 +87,24 @@ def test_output_ids_must_number_max_tokens(tmp_path):
         ".output_token_ids: has 1 ids but max_tokens is 2; give exactly max_tokens ids")
 
 
-def test_token_ids_at_or_above_engine_fresh_ids_are_rejected(tmp_path):
-    assert error_of(tmp_path, {**GOOD, "prompt_token_ids": [1, 1_000_000_000]}).endswith(
-        ".prompt_token_ids[1] = 1000000000: token ids must be in [0, 1000000000) "
-        "(ids from 1e9 up are the engine's generated tokens)")
+def test_generated_ids_follow_the_vllm_oracle_line_scheme():
+    # Line i (0-based, blank lines skipped) generates 1_000_000 * (i + 1) + k unless output_token_ids is given.
+    bases = {s.request_id: s.output_id_base for s in load().requests()}
+    assert bases == {"late": 1_000_000, "first": 2_000_000, "quote": 3_000_000}
+
+
+def test_large_token_ids_are_allowed(tmp_path):
+    write(tmp_path, {**GOOD, "prompt_token_ids": [5, 3_000_000_000]})
+    assert next(load("reqs.jsonl", tmp_path).requests()).prompt_token_ids.tolist() == [5, 3_000_000_000]
+
+
+def test_token_id_beyond_int64_is_rejected(tmp_path):
+    assert error_of(tmp_path, {**GOOD, "prompt_token_ids": [1, 2**64]}).endswith(
+        f".prompt_token_ids[1] = {2**64}: token ids must be >= 0 and fit in int64")
 
 
 def test_negative_token_id_is_rejected(tmp_path):
-    assert "prompt_token_ids[0] = -1: token ids must be in" in error_of(tmp_path, {**GOOD, "prompt_token_ids": [-1]})
+    assert error_of(tmp_path, {**GOOD, "prompt_token_ids": [-1]}).endswith(".prompt_token_ids[0] = -1: token ids must be >= 0")
 
 
 def test_duplicate_id_is_rejected(tmp_path):

@@ -6,9 +6,13 @@ Optional keys: ``output_token_ids`` (exactly ``max_tokens`` ids: what the
 request generates, so a later prompt can quote it and hit its cached blocks),
 ``cache_salt``, ``n``, ``beam_width``, ``after_request_id`` and ``think_time_s``
 (release this request that long after an earlier request of the file
-finishes). Token ids must lie in ``[0, 1e9)``: ids from ``1e9`` up are the
-engine's fresh ids for generated tokens. Requests are ordered by
+finishes). Token ids must be >= 0. Requests are ordered by
 ``(arrival_time, line order)``.
+
+Without ``output_token_ids``, the request on the i-th (0-based, non-blank)
+line generates ids ``1_000_000 * (i + 1) + k``, the default of the vLLM oracle
+(``shared/tools/vllm-oracle``), so a later prompt can quote an earlier answer
+by those ids and the golden traces replay exactly.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvsim.workload.config import format_validation_error
 from kvsim.workload.request import RequestSpec
-from kvsim.workload.tokens import FRESH_OUTPUT_ID_BASE
+
+# vLLM oracle, --gen-token-mode per-request: output k of line i is 1_000_000 * (i + 1) + k.
+ORACLE_OUTPUT_ID_STRIDE = 1_000_000
 
 
 class RequestLine(BaseModel):
@@ -80,7 +86,7 @@ def read_requests_file(path: Path, *, yaml_path: str = "workload.requests_file")
                 cache_salt=line.cache_salt, n=line.n, beam_width=line.beam_width,
                 after_request_id=line.after_request_id, think_time_s=line.think_time_s,
                 # Generated ids follow the vLLM oracle: 1_000_000 * (line index + 1) + k.
-                output_id_base=1_000_000 * (len(specs) + 1)))
+                output_id_base=ORACLE_OUTPUT_ID_STRIDE * (len(specs) + 1)))
     # sorted() is stable: equal arrival times keep line order.
     return sorted(specs, key=lambda spec: spec.arrival_time_s)
 
@@ -89,11 +95,11 @@ def _token_array(ids: list[int], where: str) -> np.ndarray:
     try:
         array = np.asarray(ids, dtype=np.int64)
     except OverflowError:
-        array = np.asarray([min(max(i, -1), FRESH_OUTPUT_ID_BASE) for i in ids], dtype=np.int64)
-    bad = (array < 0) | (array >= FRESH_OUTPUT_ID_BASE)
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise ValueError(f"{where}[{i}] = {ids[i]}: token ids must be in [0, {FRESH_OUTPUT_ID_BASE}) "
-                         "(ids from 1e9 up are the engine's generated tokens)")
+        i = next(i for i, t in enumerate(ids) if not -2**63 <= t < 2**63)
+        raise ValueError(f"{where}[{i}] = {ids[i]}: token ids must be >= 0 and fit in int64") from None
+    if len(array) and array.min() < 0:
+        # Negative ids are the engine's fresh generated tokens (kvsim.sched.request).
+        i = int(np.argmax(array < 0))
+        raise ValueError(f"{where}[{i}] = {ids[i]}: token ids must be >= 0")
     return array
 
