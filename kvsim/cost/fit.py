@@ -37,7 +37,7 @@ from kvsim.cost.step_model import (OpCoefficients, decode_attention_layer_time,
 KINDS = ("op", "prefill_attention", "decode_attention", "attention", "allreduce", "overhead",
          "copy", "layer_step")
 HELDOUT_FRACTION = 0.2
-MAX_PLOT_POINTS = 60
+MAX_PLOT_POINTS = 40
 
 
 def ape_stats(pred, meas) -> tuple[float, float]:
@@ -53,6 +53,17 @@ def heldout_mask(n: int, seed: int = 0) -> np.ndarray:
     mask = np.zeros(n, dtype=bool)
     mask[rng.choice(n, size=max(1, int(round(n * HELDOUT_FRACTION))), replace=False)] = True
     return mask
+
+
+def heldout_by_key(keys, seed: int = 0) -> np.ndarray:
+    """Hold out every row of a seeded 20% of the distinct ``keys`` (e.g. token counts).
+
+    Op tables share their token counts, so holding out the same counts for
+    every op makes the per-layer sum of the ops a held-out test too.
+    """
+    keys = np.asarray(keys)
+    uniq = np.unique(keys)
+    return np.isin(keys, uniq[heldout_mask(len(uniq), seed)])
 
 
 def _num(df: pd.DataFrame, col: str) -> np.ndarray:
@@ -98,7 +109,10 @@ def _coef_dict(c: OpCoefficients) -> dict:
     for extra in ("floor_s", "sec_per_token", "sec_per_causal_flop"):
         if getattr(c, extra):
             out[extra] = getattr(c, extra)
-    return {k: float(f"{v:.6g}") for k, v in out.items()}
+    out = {k: float(f"{v:.6g}") for k, v in out.items()}
+    if c.tile_m:
+        out.update(tile_m=c.tile_m, tile_n=c.tile_n, num_sms=c.num_sms)
+    return out
 
 
 def _fit_hinge(flops, nbytes, t, test, extra=None, extra_names=(), floor=False):
@@ -118,6 +132,52 @@ def _fit_hinge(flops, nbytes, t, test, extra=None, extra_names=(), floor=False):
         coef = OpCoefficients(x[0], x[1], x[2], **kw)
     pred = coef.time(flops, nbytes) + ex @ x[3:]
     return coef, pred
+
+
+# GEMM tiles cuBLAS/CUTLASS pick at these sizes, and SM counts of common GPUs
+# (A10G 80, A40 84, A100 108, H100 PCIe 114, RTX 4090 128, H100/H200 SXM 132,
+# B200 148, RTX PRO 6000 188); the fit keeps the pair that explains the data best.
+TILE_CANDIDATES = ((64, 64), (64, 128), (128, 64), (128, 128), (128, 256), (256, 128))
+SM_CANDIDATES = (80, 84, 108, 114, 128, 132, 148, 188)
+
+
+def _sse(pred, t, train) -> float:
+    return float(np.sum(((pred[train] - t[train]) / t[train]) ** 2))
+
+
+def _fit_gemm(op, n, nbytes, t, test, num_sms):
+    """Best of exact and wave-quantised FLOPs over the tile candidates (training error)."""
+    train = ~test
+    best = None
+    for tile in ((0, 0),) + TILE_CANDIDATES:
+        flops = op.wave_flops(n, tile[0], tile[1], num_sms)
+        coef, pred = _fit_hinge(flops, nbytes, t, test)
+        err = _sse(pred, t, train)
+        if best is None or err < best[0]:
+            if tile[0]:
+                coef = OpCoefficients(coef.sec_per_flop, coef.sec_per_byte, coef.const_s,
+                                      tile_m=tile[0], tile_n=tile[1], num_sms=num_sms)
+            best = (err, coef, pred, flops)
+    return best[1], best[2], best[3]
+
+
+def _fit_num_sms(groups: dict, by_name: dict) -> int:
+    """SM count that best explains the largest GEMM's steps (0 when there is no GEMM data)."""
+    gemms = [name for name in groups if by_name[name].gemm_k]
+    if not gemms:
+        return 0
+    name = max(gemms, key=lambda g: by_name[g].flops_per_token)
+    rows, op = groups[name], by_name[name]
+    n, t = _num(rows, "num_tokens"), _num(rows, "time_s")
+    if n.max() < 256:               # too few tokens for a second wave: nothing to learn
+        return 0
+    test = heldout_mask(len(rows))
+    nbytes = op.bytes(n)
+    errs = {}
+    for sms in SM_CANDIDATES:
+        errs[sms] = min(_sse(_fit_hinge(op.wave_flops(n, tm, tn, sms), nbytes, t, test)[1], t, ~test)
+                        for tm, tn in ((128, 128), (128, 256), (256, 128)))
+    return min(errs, key=errs.get)
 
 
 def fit_profile(data: pd.DataFrame, *, model, gpu, tp: int = 1, name: str | None = None,
@@ -157,19 +217,29 @@ def fit_profile(data: pd.DataFrame, *, model, gpu, tp: int = 1, name: str | None
     if op_rows.empty:
         op_rows = pd.DataFrame({"op": [], "kind": []})
     by_name = {op.name: op for op in shapes.ops}
-    for op_name, rows in op_rows.groupby("op", sort=True):
-        if op_name not in by_name:
-            raise ValueError(f"calibration data: op {op_name!r} is not one of "
-                             f"{', '.join(LINEAR_OPS)}")
+    unknown_ops = set(op_rows["op"]) - set(by_name)
+    if unknown_ops:
+        raise ValueError(f"calibration data: op(s) {sorted(unknown_ops)} not among "
+                         f"{', '.join(LINEAR_OPS)}")
+    groups = {name: rows for name, rows in op_rows.groupby("op", sort=True)}
+    num_sms = _fit_num_sms(groups, by_name)
+    for op_name, rows in groups.items():
         op = by_name[op_name]
         n = _num(rows, "num_tokens")
         t = _num(rows, "time_s")
-        test = heldout_mask(len(rows))
-        flops, nbytes = op.flops(n), op.bytes(n)
-        coef, pred = _fit_hinge(flops, nbytes, t, test, floor=op.flops_per_token == 0)
+        test = heldout_by_key(n)
+        nbytes = op.bytes(n)
+        if op.gemm_k and num_sms:
+            coef, pred, flops = _fit_gemm(op, n, nbytes, t, test, num_sms)
+        else:
+            flops = op.flops(n)
+            coef, pred = _fit_hinge(flops, nbytes, t, test, floor=op.flops_per_token == 0)
         profile["ops"][op_name] = _coef_dict(coef)
-        parts.append(_Part(f"op:{op_name}", n, t, pred, rl.ops[op_name].time(flops, nbytes),
+        parts.append(_Part(f"op:{op_name}", n, t, pred, rl.ops[op_name].time(op.flops(n), nbytes),
                            test, (~test).sum()))
+    layer = _layer_total([p for p in parts if p.name.startswith("op:")], shapes)
+    if layer is not None:
+        parts.append(layer)
 
     # ---- copy bandwidth -> elementwise ops nobody measured
     copy_rows = data[data["kind"] == "copy"]
@@ -249,6 +319,31 @@ def fit_profile(data: pd.DataFrame, *, model, gpu, tp: int = 1, name: str | None
     profile["errors"] = {p.name: p.errors() for p in parts}
     profile["heldout"] = {p.name: p.heldout() for p in parts}
     return profile
+
+
+def _layer_total(op_parts: list, shapes: RankShapes):
+    """One layer's linear and elementwise ops summed, at token counts every op was timed at."""
+    per_layer = {op.name: op.calls / shapes.num_layers for op in shapes.ops
+                 if op.name not in SAMPLED_OPS and op.name not in ("embedding", "final_norm")}
+    have = {p.name[3:]: p for p in op_parts if p.name[3:] in per_layer}
+    if set(have) != set(per_layer):
+        return None
+    common = None
+    for p in have.values():
+        common = set(p.x) if common is None else common & set(p.x)
+    xs = np.array(sorted(common))
+    if not len(xs):
+        return None
+    tot = {k: np.zeros(len(xs)) for k in ("measured", "fitted", "roofline")}
+    test = np.zeros(len(xs), dtype=bool)
+    for name, p in have.items():
+        idx = {x: i for i, x in enumerate(p.x)}
+        sel = np.array([idx[x] for x in xs])
+        for k in tot:
+            tot[k] += per_layer[name] * getattr(p, k)[sel]
+        test |= p.test[sel]
+    return _Part("layer_linear_ops", xs, tot["measured"], tot["fitted"], tot["roofline"],
+                 test, int((~test).sum()))
 
 
 def _validate_steps(kind, rows, profile, model, gpu, tp, attn_shapes) -> _Part:

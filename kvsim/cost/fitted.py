@@ -27,6 +27,7 @@ Ops missing from ``ops`` fall back as documented in ``OP_FALLBACK``.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from kvsim.cost.features import LINEAR_OPS, rank_shapes
@@ -57,7 +58,8 @@ def _coef(d: dict, cls, where: str):
     unknown = set(d) - allowed
     if unknown:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
-    return cls(**{k: float(v) for k, v in d.items()})
+    ints = {"tile_m", "tile_n", "num_sms"}
+    return cls(**{k: (int(v) if k in ints else float(v)) for k, v in d.items()})
 
 
 def resolve_profile_path(name_or_path: str) -> Path:
@@ -71,6 +73,14 @@ def resolve_profile_path(name_or_path: str) -> Path:
     available = sorted(q.stem for q in PROFILE_DIR.glob("*.json"))
     raise ValueError(f"cost_model.profile: {name_or_path!r} is neither a JSON file nor a "
                      f"profile in {PROFILE_DIR}; available: {', '.join(available) or 'none'}")
+
+
+def dump_profile(profile: dict) -> str:
+    """JSON text of a profile: one key per line, number lists kept on one line."""
+    text = json.dumps(profile, indent=1)
+    return re.sub(r"\[\s*([-0-9.e,\s]+?)\s*\]",
+                  lambda m: "[" + ", ".join(v.strip() for v in m.group(1).split(",")) + "]",
+                  text) + "\n"
 
 
 def load_profile(name_or_path: str) -> dict:

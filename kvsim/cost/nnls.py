@@ -77,7 +77,7 @@ def fit_roofline_op(flops: np.ndarray, nbytes: np.ndarray, time_s: np.ndarray,
     # also try every split of the sorted arithmetic intensity on a coarse grid:
     # the assignment iteration alone can stall in a local optimum.
     intensity = flops / np.maximum(nbytes, 1e-30)
-    order_vals = np.unique(np.quantile(intensity, np.linspace(0, 1, 12)))
+    order_vals = np.unique(np.quantile(intensity, np.linspace(0, 1, 6)))
     starts = [flops * x[0] > nbytes * x[1]] + [intensity > v for v in order_vals]
     for compute in starts:
         prev = None

@@ -32,6 +32,9 @@ class OpCoefficients:
     floor_s: float = 0.0          # no kernel finishes faster than its launch
     sec_per_token: float = 0.0    # attention: per new token (decode: per sequence) work
     sec_per_causal_flop: float = 0.0  # prefill attention: extra cost of the causal diagonal blocks
+    tile_m: int = 0               # GEMM output tile and SM count for wave-quantised FLOPs
+    tile_n: int = 0               # (0: exact FLOPs; see OpShape.wave_flops)
+    num_sms: int = 0
 
     def time(self, flops, nbytes):
         return np.maximum(np.maximum(self.sec_per_flop * flops, self.sec_per_byte * nbytes),
@@ -114,7 +117,8 @@ class StepCostModel:
         if n <= 0:
             return 0.0
         coef = self.ops[op.name]
-        return op.calls * float(coef.time(op.flops(n), op.bytes(n)))
+        flops = op.wave_flops(n, coef.tile_m, coef.tile_n, coef.num_sms)
+        return op.calls * float(coef.time(flops, op.bytes(n)))
 
     def _linear_time(self, num_tokens: int, num_sampled: int) -> float:
         # Steps repeat the same (tokens, sampled) pairs constantly; memoise.
