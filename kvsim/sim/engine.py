@@ -84,6 +84,11 @@ class Engine:
         self._parked: dict[str, list[RequestSpec]] = {}   # waiting on another request
         self._finished_at: dict[str, float] = {}
         self._num_pending_releases = 0
+        # Requests that arrived but were not handed to the scheduler yet: as in
+        # vLLM's engine core, a step's schedule() sees the requests that arrived
+        # before it started; the rest wait in the input queue for the next one.
+        self._inbox: list = []
+        self._reported_finished = False
 
     # ---------------------------------------------------------------- run
 
@@ -117,9 +122,13 @@ class Engine:
     def _engine(self):
         env, sched = self.env, self.scheduler
         while True:
+            for req in self._inbox:
+                sched.add_request(req)
+            self._inbox.clear()
             if not sched.has_requests():
                 if self._arrivals_done and not self._num_pending_releases:
                     return
+            if not sched.has_requests() and not self._reported_finished:
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
@@ -140,6 +149,10 @@ class Engine:
             self._record(plan, finished, start, duration)
             for req in finished:
                 self._on_done(req)
+            # vLLM runs one more (possibly empty) step after requests finish, to
+            # report them, before an idle engine sleeps (Scheduler.has_requests
+            # counts finished ids not yet reported).
+            self._reported_finished = bool(finished)
             if plan.is_empty and not self._progress_possible():
                 self._fail_unschedulable()
 
@@ -162,7 +175,7 @@ class Engine:
             req.finish_time = now
             self._on_done(req)
             return
-        self.scheduler.add_request(req)
+        self._inbox.append(req)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
 
@@ -232,8 +245,8 @@ class Engine:
             })
 
     def _progress_possible(self) -> bool:
-        running, _ = self.scheduler.get_request_counts()
-        return running > 0
+        running, waiting = self.scheduler.get_request_counts()
+        return running > 0 or waiting == 0
 
     def _fail_unschedulable(self) -> None:
         """Nothing runs and the waiting head cannot start: fail it, never hang."""
