@@ -168,7 +168,9 @@ def write_report(out: Path, *, profile_dir: Path = PROFILE_DIR, figures: bool = 
         "single GEMM misses 5% (the H100 tables especially), the cause is cuBLAS switching "
         "kernels between token counts (steps of +20-40% from one count to the next, e.g. "
         "992 -> 1,056 tokens); the wave-quantised compute term (tile x SM waves, fitted) "
-        "captures part of it, and over a whole layer the errors average out. Decode "
+        "captures part of it, and over a whole layer the errors mostly average out (the one "
+        "layer above 5%, A100 Llama-2-7B TP2 at 5.7%, has GEMMs that switch kernels at small "
+        "token counts: 56 µs at 1 token, 104 µs at 96, which one tile shape cannot follow). Decode "
         "attention cannot go much below ~8.5%: the engine contract makes a decode step "
         "depend on contexts only through their sum, while FlashAttention's time at small "
         "batches is set by the longest sequence (flat 15-30 µs up to 4k tokens).",

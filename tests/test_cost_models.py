@@ -1,0 +1,230 @@
+"""Cost models: the engine contract, the roofline physics, the factory and fitted profiles."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from kvsim.cost import BatchShape, ConstantCostModel, build_cost_model
+from kvsim.cost.features import decode_attention_work, prefill_attention_work, rank_shapes
+from kvsim.cost.fitted import PROFILE_DIR, load_profile
+from kvsim.specs import list_gpus, list_models, load_gpu, load_model
+
+LLAMA70 = load_model("llama-2-70b")
+A100 = load_gpu("a100-80gb-sxm")
+H100 = load_gpu("h100-sxm")
+
+
+def roofline(model=LLAMA70, gpu=A100, tp=2, kv="auto", **params):
+    return build_cost_model({"type": "roofline", **params}, model=model, gpu=gpu, tp=tp,
+                            kv_cache_dtype=kv)
+
+
+def fitted(name="a100-80gb-sxm_llama-2-70b_tp2", model=LLAMA70, gpu=A100, tp=2):
+    return build_cost_model({"type": "fitted", "profile": name}, model=model, gpu=gpu, tp=tp)
+
+
+# ------------------------------------------------------------ engine contract
+
+@pytest.mark.parametrize("make", [roofline, fitted, lambda: roofline(load_model("deepseek-v2-lite"), H100, 1, "fp8")],
+                         ids=["roofline", "fitted", "roofline-mla-moe-fp8"])
+@pytest.mark.parametrize("num_seqs", [1, 7, 64])
+def test_decode_step_times_equal_step_time_on_all_decode_batch(make, num_seqs):
+    cm = make()
+    rng = np.random.default_rng(num_seqs)
+    contexts = [rng.integers(1, 4000, size=num_seqs) for _ in range(5)]
+    sums = np.array([c.sum() for c in contexts])
+    fast = cm.decode_step_times(num_seqs, sums)
+    for k, ctx in enumerate(contexts):
+        slow = cm.step_time(BatchShape.from_lists([1] * num_seqs, ctx))
+        assert fast[k] == pytest.approx(slow, rel=1e-12)
+
+
+def test_decode_cost_depends_on_contexts_only_through_their_sum():
+    cm = fitted()
+    a = cm.step_time(BatchShape.from_lists([1, 1, 1], [10, 20, 3000]))
+    b = cm.step_time(BatchShape.from_lists([1, 1, 1], [1010, 1010, 1010]))
+    assert a == pytest.approx(b, rel=1e-12)
+
+
+def test_one_token_prefill_chunk_costs_like_a_decode():
+    cm = roofline()
+    assert cm.step_time(BatchShape.from_lists([1], [500], num_sampled=0)) == \
+        cm.step_time(BatchShape.from_lists([1], [500], num_sampled=0))
+    decode = cm.decode_step_times(1, np.array([500]))[0]
+    assert cm.step_time(BatchShape.from_lists([1], [500])) == pytest.approx(decode, rel=1e-12)
+
+
+def test_prefill_step_grows_with_chunk_and_decode_with_context():
+    cm = roofline()
+    times = [cm.step_time(BatchShape.from_lists([c], [0])) for c in (128, 512, 2048, 8192)]
+    assert times == sorted(times) and times[-1] > 10 * times[0]
+    dec = cm.decode_step_times(32, np.array([32 * 100, 32 * 4000, 32 * 32000]))
+    assert dec[0] < dec[1] < dec[2]
+
+
+def test_steps_that_sample_nothing_skip_the_lm_head():
+    cm = roofline()
+    with_head = cm.step_time(BatchShape.from_lists([512], [0], num_sampled=1))
+    without = cm.step_time(BatchShape.from_lists([512], [0], num_sampled=0))
+    assert without < with_head
+
+
+def test_swap_bytes_cost_pcie_time():
+    cm = roofline()
+    base = cm.step_time(BatchShape.from_lists([1], [100]))
+    swapped = cm.step_time(BatchShape.from_lists([1], [100], swap_bytes=32_000_000_000))
+    assert swapped - base == pytest.approx(1.0, rel=1e-9)       # 32 GB over PCIe4 x16 (32 GB/s)
+
+
+# ------------------------------------------------------------ roofline physics
+
+def test_roofline_gemm_is_max_of_compute_and_memory_time():
+    cm = roofline(tp=1, kernel_floor_s=0.0)
+    op = next(o for o in cm.shapes.ops if o.name == "mlp_down")       # 28672 x 8192
+    k, n = 28672, 8192
+    for tokens in (1, 4096):
+        flops = 2.0 * tokens * k * n
+        nbytes = (k * n + tokens * (k + n)) * 2
+        expected = max(flops / (312e12 * 0.70), nbytes / (2039e9 * 0.80))
+        assert cm._op_time(op, tokens, tokens) == pytest.approx(80 * expected, rel=1e-12)
+
+
+def test_roofline_allreduce_is_ring_formula():
+    cm = roofline(tp=4)
+    tokens = 1000
+    nbytes = tokens * 8192 * 2
+    per_call = 2 * 3 / 4 * nbytes / (300e9 * 0.70) + 25e-6
+    assert cm._allreduce_time(tokens) == pytest.approx(2 * 80 * per_call, rel=1e-12)
+    assert roofline(tp=1)._allreduce_time(tokens) == 0.0
+
+
+def test_prefill_attention_counts_causal_pairs_and_cached_kv():
+    shapes = rank_shapes(LLAMA70, 2)
+    flops, nbytes = prefill_attention_work(shapes, 100, 300)
+    pairs = 100 * 300 + 100 * 101 / 2
+    assert flops == pytest.approx(pairs * 4 * 32 * 128)
+    kv_token_layer = 2 * 4 * 128 * 2                    # K and V, 4 KV heads per rank, bf16
+    assert nbytes == pytest.approx((300 + 200) * kv_token_layer + 100 * 2 * 32 * 128 * 2)
+
+
+def test_fp8_kv_cache_halves_decode_attention_bytes():
+    auto = rank_shapes(load_model("llama-3.1-8b"), 1, "auto")
+    fp8 = rank_shapes(load_model("llama-3.1-8b"), 1, "fp8")
+    _, b_auto = decode_attention_work(auto, 1, 10_000)
+    _, b_fp8 = decode_attention_work(fp8, 1, 10_000)
+    q = auto.q_bytes_per_token
+    assert (b_fp8 - q) * 2 == pytest.approx(b_auto - q)
+
+
+def test_mla_kv_bytes_are_the_latent_only():
+    model = load_model("deepseek-v2-lite")
+    shapes = rank_shapes(model, 1)
+    assert shapes.kv_bytes_per_token_layer == (512 + 64) * 2
+
+
+@pytest.mark.parametrize("gpu_name", list_gpus())
+def test_roofline_works_for_every_catalog_pair(gpu_name):
+    gpu = load_gpu(gpu_name)
+    batch = BatchShape.from_lists([512, 1, 1], [0, 1000, 3000])
+    for model_name in list_models():
+        model = load_model(model_name)
+        for kv in ("auto", "fp8"):
+            for tp in (1, 2):
+                t = roofline(model, gpu, tp, kv).step_time(batch)
+                assert np.isfinite(t) and 0 < t < 1e3, (model_name, gpu_name, kv, tp)
+
+
+def test_faster_gpu_is_faster_under_roofline():
+    batch = BatchShape.from_lists([2048], [0])
+    assert roofline(gpu=H100).step_time(batch) < roofline(gpu=A100).step_time(batch)
+
+
+# ------------------------------------------------------------ factory
+
+def test_constant_cost_model_from_config():
+    cm = build_cost_model({"type": "constant", "step_time_s": 0.5}, model=LLAMA70, gpu=A100)
+    assert cm == ConstantCostModel(0.5)
+
+
+def test_roofline_parameters_override_defaults():
+    slow = roofline(step_overhead_s=0.1)
+    assert slow.step_time(BatchShape.from_lists([1], [10])) > 0.1
+
+
+@pytest.mark.parametrize("config, fragment", [
+    ({"type": "magic"}, "cost_model.type: 'magic'"),
+    ({"type": "roofline", "memory_eff": 0.5}, "cost_model.memory_eff"),
+    ({"type": "roofline", "memory_efficiency": 1.5}, "cost_model.memory_efficiency: 1.5"),
+    ({"type": "roofline", "step_overhead_s": "fast"}, "cost_model.step_overhead_s"),
+    ({"type": "constant", "step_time_s": 0}, "cost_model.step_time_s"),
+    ({"type": "fitted"}, "cost_model.profile"),
+    ({"type": "fitted", "profile": "no-such-profile"}, "cost_model.profile: 'no-such-profile'"),
+    ({"type": "fitted", "profile": "x", "extra": 1}, "cost_model.extra"),
+])
+def test_bad_cost_model_config_names_the_key(config, fragment):
+    with pytest.raises(ValueError, match=None) as err:
+        build_cost_model(config, model=LLAMA70, gpu=A100, tp=2)
+    assert fragment in str(err.value)
+
+
+def test_fitted_profile_for_another_setup_is_an_error():
+    with pytest.raises(ValueError, match="fitted for tp 2, but the scenario has tp 4"):
+        fitted(tp=4)
+    with pytest.raises(ValueError, match="fitted for gpu 'a100-80gb-sxm'"):
+        fitted(gpu=H100)
+
+
+# ------------------------------------------------------------ shipped profiles
+
+REQUIRED_PROFILES = ["a100-80gb-sxm_llama-2-7b_tp1", "a100-80gb-sxm_llama-3-8b_tp1",
+                     "a100-80gb-sxm_llama-2-70b_tp1", "a100-80gb-sxm_llama-2-70b_tp2",
+                     "a100-80gb-sxm_llama-2-70b_tp4", "h100-sxm_llama-2-7b_tp1",
+                     "h100-sxm_llama-2-70b_tp2"]
+
+
+@pytest.mark.parametrize("name", REQUIRED_PROFILES)
+def test_required_profiles_ship_and_build(name):
+    profile = load_profile(name)
+    model, gpu = load_model(profile["model"]), load_gpu(profile["gpu"])
+    cm = build_cost_model({"type": "fitted", "profile": name}, model=model, gpu=gpu,
+                          tp=profile["tp"])
+    assert 0 < cm.step_time(BatchShape.from_lists([256, 1], [0, 500])) < 10
+
+
+# Vidur's A100 Llama-2-7B TP2 GEMMs switch kernels at small token counts (56 µs at
+# 1 token, 104 µs at 96) in a way one tile shape cannot follow; reports/calibration.md says so.
+LAYER_TARGET_EXCEPTIONS = {"a100-80gb-sxm_llama-2-7b_tp2": 6.0}
+
+
+def test_every_shipped_profile_meets_the_layer_and_attention_targets():
+    for path in sorted(PROFILE_DIR.glob("*.json")):
+        errors = load_profile(str(path))["errors"]
+        target = LAYER_TARGET_EXCEPTIONS.get(path.stem, 5.0)
+        assert errors["layer_linear_ops"]["fitted_median_ape"] <= target, path.name
+        assert errors["prefill_attention"]["fitted_median_ape"] <= 10.0, path.name
+        assert errors["decode_attention"]["fitted_median_ape"] <= 10.0, path.name
+
+
+def test_fitted_70b_prompt_step_is_near_splitwise():
+    # splitwise/perf_model.csv: Llama-2-70B TP2 on A100, 512-token prompt: 196 ms (median of 5)
+    t = fitted().step_time(BatchShape.from_lists([512], [0]))
+    assert t == pytest.approx(0.196, rel=0.10)
+
+
+def test_profile_path_may_be_given_instead_of_name(tmp_path):
+    src = PROFILE_DIR / "a100-80gb-sxm_llama-2-70b_tp2.json"
+    dst = tmp_path / "mine.json"
+    dst.write_text(src.read_text())
+    a = fitted(str(dst)).step_time(BatchShape.from_lists([100], [0]))
+    b = fitted().step_time(BatchShape.from_lists([100], [0]))
+    assert a == b
+
+
+def test_inline_gpu_with_profile_gpu_name_is_accepted():
+    gpu = dataclasses.replace(load_gpu("a100-80gb-pcie"), interconnect_bandwidth_gbps=300.0)
+    cm = build_cost_model({"type": "fitted", "profile": "a100-80gb-pcie_yi-34b_tp2"},
+                          model=load_model("yi-34b"), gpu=gpu, tp=2)
+    assert cm.step_time(BatchShape.from_lists([1024], [0])) > 0
