@@ -2,7 +2,9 @@
 
 Each sub-command lives next to the code it drives and registers itself through
 an ``add_parser(subparsers)`` function that sets ``func`` on its parser; this
-file only collects them, so that a folder owns its own command.
+file only maps names to modules. Only the module of the command being run is
+imported, so ``kvsim capacity`` does not pay for matplotlib or the simulator,
+and a broken optional command never breaks the others.
 """
 
 from __future__ import annotations
@@ -11,34 +13,37 @@ import argparse
 import importlib
 import sys
 
-# (module, attribute) of each sub-command's ``add_parser``; imported lazily so a
-# missing optional dependency of one command never breaks the others.
-COMMAND_MODULES = [
-    "kvsim.specs.cli",        # capacity
-    "kvsim.scenario.cli",     # run, sweep
-    "kvsim.cost.cli",         # calibrate
-    "kvsim.plots_cli",        # plot
-    "kvsim.report",           # report
-    "kvsim.plan",             # plan
-    "kvsim.bench",            # bench
-]
+# name -> (module with add_parser, one-line help)
+COMMANDS = {
+    "run": ("kvsim.scenario.cli", "simulate one scenario; write summary.json, requests.csv, steps.csv"),
+    "sweep": ("kvsim.scenario.sweep_cli", "run every point of a scenario's sweep; write results.csv"),
+    "plot": ("kvsim.plots_cli", "draw a figure from a run folder or a sweep's results.csv"),
+    "capacity": ("kvsim.specs.cli", "KV-cache capacity of a model on a GPU (as vLLM sizes it)"),
+    "calibrate": ("kvsim.cost.cli", "fit cost-model profiles to measurements; calibration report"),
+    "report": ("kvsim.report", "regenerate the known-result reports in reports/"),
+    "plan": ("kvsim.plan", "capacity planning: highest rate meeting SLOs per GPU candidate"),
+    "bench": ("kvsim.bench", "speed benchmarks; write reports/performance.md"),
+}
 
 
 class UserError(Exception):
     """A mistake in the user's input: printed as one line, exit status 2."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvsim",
         description="Simulate KV-cache management and scheduling of LLM serving engines.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name, (module_name, help_text) in COMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name, help=help_text, add_help=False)
+            continue
         try:
-            module = importlib.import_module(name)
+            module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name == name:  # that command is not written yet
+            if exc.name == module_name:       # that command is not part of this build
                 continue
             raise
         module.add_parser(sub)
@@ -46,7 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    only = argv[0] if argv and argv[0] in COMMANDS else None
+    parser = build_parser(only)
+    if only is None:
+        parser.print_help() if not argv or argv[0] in ("-h", "--help") else parser.parse_args(argv)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -58,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (ValueError, KeyError, FileNotFoundError) as exc:
         # Validation errors from the library carry a message made for users.
-        print(f"kvsim {args.command}: error: {exc}", file=sys.stderr)
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"kvsim {args.command}: error: {msg}", file=sys.stderr)
         return 2
 
 

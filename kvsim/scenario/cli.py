@@ -1,4 +1,4 @@
-"""``kvsim run`` (and ``kvsim sweep``, registered from sweep_cli)."""
+"""``kvsim run``."""
 
 from __future__ import annotations
 
@@ -23,11 +23,6 @@ def add_parser(subparsers) -> None:
                    help="write the step trace (one JSON object per engine step)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(func=run_command)
-    try:
-        from kvsim.scenario.sweep_cli import add_parser as add_sweep
-    except ModuleNotFoundError:
-        return
-    add_sweep(subparsers)
 
 
 def run_command(args: argparse.Namespace) -> int:
