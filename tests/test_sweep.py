@@ -57,7 +57,7 @@ def pid_run(point_scenario, point_dir=None):
 def crashing_run(point_scenario, point_dir=None):
     if point_scenario["engine"]["block_size"] == 0:
         os._exit(3)  # the worker dies, as with a segfault or an OOM kill
-    time.sleep(0.3)
+    time.sleep(0.5)  # long enough that the pool notices the crash while these are in flight
     return {"completed": 1}
 
 
@@ -475,11 +475,9 @@ def test_progress_bar_redraws_at_most_every_interval_but_always_the_last():
 
 @pytest.fixture
 def cli(monkeypatch):
-    """kvsim.cli.main with only the sweep command and the fake runner (the real simulator is
-    tested end to end elsewhere)."""
+    """kvsim.cli.main with the fake runner (the real simulator: tests/test_sweep_e2e.py)."""
     import kvsim.cli
     from kvsim.scenario import sweep_cli
-    monkeypatch.setattr(kvsim.cli, "COMMAND_MODULES", ["kvsim.scenario.sweep_cli"])
     monkeypatch.setattr(sweep_cli, "run_sweep",
                         functools.partial(run_sweep, run_point=fake_run, progress=False))
     return kvsim.cli.main

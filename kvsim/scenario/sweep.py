@@ -35,6 +35,7 @@ before anything runs.
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import copy
 import functools
 import hashlib
@@ -472,7 +473,7 @@ def _execute_local(tasks, run_point, on_done, workers: int) -> None:
     max_in_flight = 2 * workers
     while queue:
         in_flight: dict = {}
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        with ProcessPoolExecutor(max_workers=workers) as pool, _cancel_on_error(pool):
             broken = False
             while queue or in_flight:
                 while queue and len(in_flight) < max_in_flight and not broken:
@@ -511,6 +512,16 @@ def _import_ray():
         raise SweepError(f"--executor ray: ray is not installed ({exc}); "
                          f"install the extra: pip install 'kvsim[ray]'") from None
     return ray
+
+
+@contextlib.contextmanager
+def _cancel_on_error(pool: ProcessPoolExecutor):
+    """On Ctrl-C or an error in the driver, drop queued points instead of waiting for them."""
+    try:
+        yield
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
 
 
 def _execute_ray(tasks, run_point, on_done, workers: int | None, address: str | None) -> None:
