@@ -18,7 +18,6 @@ import pytest
 import yaml
 from pydantic import BaseModel, ConfigDict
 
-from kvsim.scenario import sweep as sw
 from kvsim.scenario.sweep import (
     ProgressBar, SweepError, SweepOutcome, auto_progress, expand_sweep, run_sweep,
     schema_path_error, validate_sweep,
@@ -286,6 +285,14 @@ def test_bad_run_options_are_errors_naming_the_option(tmp_path, kwargs, message)
         run(scenario({"grid": {"engine.block_size": [16]}}), tmp_path, **kwargs)
 
 
+def test_ray_executor_without_ray_installed_is_an_error_before_anything_runs(tmp_path, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "ray", None)  # makes `import ray` fail
+    with pytest.raises(SweepError, match=r"--executor ray: ray is not installed .*pip install 'kvsim\[ray\]'"):
+        run(scenario({"grid": {"engine.block_size": [16]}}), tmp_path / "out", executor="ray")
+    assert CALLS == [] and not (tmp_path / "out").exists()
+
+
 # --- running, streaming, resume ---------------------------------------------------
 
 def test_results_csv_has_one_row_per_point_in_sweep_order(tmp_path):
@@ -345,7 +352,7 @@ def test_rerun_skips_points_that_finished_ok(tmp_path):
 def test_rerun_retries_failed_points_only(tmp_path, monkeypatch):
     sc = scenario({"grid": {"engine.block_size": [8, 13, 16]}})
     run(sc, tmp_path)
-    monkeypatch.setattr(sys_module(), "CURSED", set())
+    monkeypatch.setattr(f"{__name__}.CURSED", set())  # the cure; runs inline, so it applies
     CALLS.clear()
     outcome = run(sc, tmp_path)
     assert [c["engine"]["block_size"] for c in CALLS] == [13]
@@ -353,11 +360,6 @@ def test_rerun_retries_failed_points_only(tmp_path, monkeypatch):
     df = pd.read_csv(tmp_path / "results.csv")
     assert df["status"].tolist() == ["ok", "ok", "ok"]
     assert df["completed"].tolist() == [87, 137, 167]
-
-
-def sys_module():
-    import sys
-    return sys.modules[__name__]
 
 
 def test_an_extended_sweep_runs_only_the_new_points(tmp_path):
