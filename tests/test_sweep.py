@@ -516,9 +516,9 @@ def test_cli_set_overrides_the_base_scenario(cli, tmp_path):
 def test_cli_set_without_equals_is_an_error(cli, tmp_path, capsys):
     path = write_yaml(tmp_path / "s.yaml", scenario())
     assert cli(["sweep", path, "--out", str(tmp_path / "out"), "--set", "engine.block_size"]) == 2
-    assert "--set: expected KEY=VALUE like engine.block_size=32, got 'engine.block_size'" in capsys.readouterr().err
+    assert "--set 'engine.block_size': expected KEY=VALUE" in capsys.readouterr().err
 
 
 def test_cli_missing_scenario_file_exits_2(cli, tmp_path, capsys):
     assert cli(["sweep", str(tmp_path / "nope.yaml"), "--out", str(tmp_path / "out")]) == 2
-    assert "SCENARIO.yaml: no such file" in capsys.readouterr().err
+    assert "nope.yaml' does not exist" in capsys.readouterr().err

@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-import yaml
-
-from kvsim.scenario.sweep import run_sweep, set_dotted, SCENARIO_SECTIONS
+from kvsim.scenario.sweep import run_sweep
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -42,38 +39,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     return parser
 
 
-def read_scenario_file(path: Path) -> dict:
-    if not path.is_file():
-        raise ValueError(f"SCENARIO.yaml: no such file: {path}")
-    try:
-        scenario = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
-    if not isinstance(scenario, dict):
-        raise ValueError(f"{path}: expected a mapping of scenario sections, got {type(scenario).__name__}")
-    return scenario
-
-
-def apply_overrides(scenario: dict, overrides: list[str]) -> None:
-    """Apply ``--set key=value`` items in place; values are parsed as YAML (16, true, [1, 2])."""
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set: expected KEY=VALUE like engine.block_size=32, got {item!r}")
-        try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise ValueError(f"--set {key}: {text!r} is not a YAML value") from None
-        set_dotted(scenario, key, value, where=f"--set {key}", sections=(*SCENARIO_SECTIONS, "sweep"))
-
-
 def sweep_command(args: argparse.Namespace) -> int:
-    path = Path(args.scenario)
-    scenario = read_scenario_file(path)
-    apply_overrides(scenario, args.overrides)
+    from kvsim.scenario.schema import parse_overrides, read_scenario_dict
+
+    # Read and --set exactly as `kvsim run` does, so the two commands agree.
+    scenario, base_dir = read_scenario_dict(args.scenario, overrides=parse_overrides(args.overrides))
     outcome = run_sweep(scenario, args.out, workers=args.workers, executor=args.executor,
                         address=args.address, keep_points=args.keep_points,
-                        base_dir=path.resolve().parent)
+                        base_dir=base_dir)
     ran = outcome.num_done + outcome.num_failed
     print(f"sweep: {outcome.num_points} points: {outcome.num_done} ok, {outcome.num_failed} failed, "
           f"{outcome.num_skipped} already done; ran {ran} in {outcome.wall_time_s:.2f} s "
