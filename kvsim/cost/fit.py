@@ -357,7 +357,9 @@ def _validate_steps(kind, rows, profile, model, gpu, tp, attn_shapes) -> _Part:
     t = _num(rows, "time_s")
 
     def coef_for(op):
-        while op not in profile["ops"]:
+        seen = set()
+        while op not in profile["ops"] and op not in seen:
+            seen.add(op)
             op = OP_FALLBACK[op]
         return C(**profile["ops"][op])
 

@@ -50,6 +50,12 @@ OP_FALLBACK = {
     "rope": "residual_add",
     "mlp_act": "residual_add",
     "input_norm": "residual_add",
+    "residual_add": "mlp_act",
+    # GEMMs borrow from each other (a profile from a partial measurement)
+    "o_proj": "qkv_proj",
+    "qkv_proj": "mlp_gate_up",
+    "mlp_gate_up": "mlp_down",
+    "mlp_down": "o_proj",
 }
 
 

@@ -1,0 +1,146 @@
+"""Fitting: NNLS, the roofline hinge, profile fits from calibration CSVs, and the calibrate CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvsim.cli import main as kvsim_main
+from kvsim.cost.features import decode_attention_work, prefill_attention_work, rank_shapes
+from kvsim.cost.fit import fit_profile, heldout_by_key
+from kvsim.cost.nnls import fit_roofline_op, nnls
+from kvsim.specs import load_gpu, load_model
+
+MODEL = load_model("llama-3.1-8b")
+GPU = load_gpu("h100-sxm")
+
+
+def test_nnls_solves_an_unconstrained_problem_exactly():
+    a = np.array([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
+    x_true = np.array([3.0, 0.5])
+    assert nnls(a, a @ x_true) == pytest.approx(x_true, rel=1e-10)
+
+
+def test_nnls_clamps_a_negative_coefficient_to_zero():
+    a = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    b = np.array([3.0, 2.0, 1.0])               # the free fit has a negative slope
+    x = nnls(a, b)
+    assert x[1] == 0.0 and x[0] == pytest.approx(2.0)
+
+
+def test_hinge_fit_recovers_a_roofline_op():
+    tokens = np.arange(1, 4097, 16, dtype=float)
+    flops, nbytes = 2 * tokens * 4096 * 14336, 4096 * 14336 * 2 + tokens * (4096 + 14336) * 2
+    t = np.maximum(1.5e-15 * flops, 4e-13 * nbytes) + 5e-6
+    x = fit_roofline_op(flops, nbytes, t)
+    assert x[:3] == pytest.approx([1.5e-15, 4e-13, 5e-6], rel=1e-6)
+
+
+def test_heldout_by_key_holds_out_whole_token_counts():
+    keys = np.repeat(np.arange(50), 3)
+    mask = heldout_by_key(keys)
+    held = set(keys[mask])
+    assert len(held) == 10 and all(mask[keys == k].all() for k in held)
+
+
+def synthetic_rows() -> pd.DataFrame:
+    """Rows generated from known coefficients: the fit must get them back."""
+    shapes = rank_shapes(MODEL, 1)
+    rows = []
+    ops = {o.name: o for o in shapes.ops}
+    for name in ("qkv_proj", "mlp_down"):
+        for n in range(1, 4097, 32):
+            t = max(1.2e-15 * ops[name].flops(n), 3.5e-13 * ops[name].bytes(n)) + 4e-6
+            rows.append({"kind": "op", "op": name, "num_tokens": n, "time_s": t})
+    for n in range(8, 2049, 64):
+        t = max(1e-7, 5e-13 * ops["residual_add"].bytes(n)) + 1e-6
+        rows.append({"kind": "op", "op": "residual_add", "num_tokens": n, "time_s": t})
+    for c in (64, 256, 1024, 2048):
+        for p in (0, 512, 4096):
+            f, b = prefill_attention_work(shapes, c, p)
+            rows.append({"kind": "prefill_attention", "prefill_chunk": c, "prefill_context": p,
+                         "time_s": max(2e-15 * f, 1e-12 * b) + 1e-5})
+    for n in (1, 8, 32, 128):
+        for k in (128, 1024, 8192):
+            f, b = decode_attention_work(shapes, n, n * k)
+            rows.append({"kind": "decode_attention", "num_decode": n, "decode_context": k,
+                         "time_s": max(2e-5, 4e-13 * b) + 3e-6 + 1e-8 * n})
+    return pd.DataFrame(rows)
+
+
+def test_fit_profile_recovers_known_coefficients():
+    profile = fit_profile(synthetic_rows(), model=MODEL, gpu=GPU)
+    qkv = profile["ops"]["qkv_proj"]
+    assert qkv["sec_per_flop"] == pytest.approx(1.2e-15, rel=1e-3)
+    assert qkv["sec_per_byte"] == pytest.approx(3.5e-13, rel=1e-3)
+    assert profile["ops"]["residual_add"]["sec_per_byte"] == pytest.approx(5e-13, rel=1e-3)
+    dec = profile["decode_attention"]
+    assert dec["sec_per_byte"] == pytest.approx(4e-13, rel=1e-2)
+    for part, err in profile["errors"].items():
+        assert err["fitted_median_ape"] < 0.5, part
+
+
+def test_fit_profile_reports_errors_on_held_out_rows_only():
+    profile = fit_profile(synthetic_rows(), model=MODEL, gpu=GPU)
+    err = profile["errors"]["op:qkv_proj"]
+    assert err["n_test"] + err["n_train"] == 128
+    assert 0.15 * 128 < err["n_test"] < 0.25 * 128
+
+
+def test_fit_without_attention_rows_is_an_error():
+    rows = synthetic_rows()
+    with pytest.raises(ValueError, match="no rows of kind decode_attention"):
+        fit_profile(rows[rows["kind"] != "decode_attention"], model=MODEL, gpu=GPU)
+
+
+def test_fit_rejects_unknown_kinds_and_ops():
+    rows = synthetic_rows()
+    bad = pd.concat([rows, pd.DataFrame([{"kind": "gemm", "time_s": 1.0}])])
+    with pytest.raises(ValueError, match="unknown kind"):
+        fit_profile(bad, model=MODEL, gpu=GPU)
+    bad = pd.concat([rows, pd.DataFrame([{"kind": "op", "op": "conv", "num_tokens": 1, "time_s": 1.0}])])
+    with pytest.raises(ValueError, match="conv"):
+        fit_profile(bad, model=MODEL, gpu=GPU)
+
+
+def test_calibrate_fit_cli_writes_a_profile_the_factory_loads(tmp_path):
+    data = tmp_path / "m.csv"
+    synthetic_rows().to_csv(data, index=False)
+    out = tmp_path / "p.json"
+    assert kvsim_main(["calibrate", "fit", "--data", str(data), "--gpu", "h100-sxm",
+                       "--model", "llama-3.1-8b", "--out", str(out)]) == 0
+    profile = json.loads(out.read_text())
+    assert (profile["gpu"], profile["model"], profile["tp"]) == ("h100-sxm", "llama-3.1-8b", 1)
+    from kvsim.cost import BatchShape, build_cost_model
+    cm = build_cost_model({"type": "fitted", "profile": str(out)}, model=MODEL, gpu=GPU)
+    assert cm.step_time(BatchShape.from_lists([512], [0])) > 0
+
+
+def test_calibrate_fit_cli_names_a_missing_column(tmp_path, capsys):
+    data = tmp_path / "m.csv"
+    pd.DataFrame({"kind": ["op"], "seconds": [1.0]}).to_csv(data, index=False)
+    assert kvsim_main(["calibrate", "fit", "--data", str(data), "--gpu", "h100-sxm",
+                       "--model", "llama-3.1-8b", "--out", str(tmp_path / "p.json")]) == 2
+    assert "'time_s'" in capsys.readouterr().err
+
+
+def test_calibrate_report_on_one_profile(tmp_path):
+    out = tmp_path / "calibration.md"
+    assert kvsim_main(["calibrate", "report", "--profiles", "a100-80gb-sxm_llama-2-70b_tp2",
+                       "--no-figures", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| a100-80gb-sxm_llama-2-70b_tp2 |" in text
+    assert "Splitwise" in text and "decode batch 128" in text
+
+
+def test_published_profile_refit_matches_the_shipped_one():
+    from kvsim.cost.fitted import load_profile
+    from kvsim.cost.published import PUBLISHED, build_published_profile
+    spec = next(p for p in PUBLISHED if p.name == "a100-80gb-sxm_llama-2-7b_tp1")
+    fresh = json.loads(json.dumps(build_published_profile(spec, load_model, load_gpu)))
+    shipped = load_profile(spec.name)
+    assert fresh["ops"] == shipped["ops"]
+    assert fresh["errors"] == shipped["errors"]
