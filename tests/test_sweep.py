@@ -10,12 +10,15 @@ from __future__ import annotations
 import functools
 import io
 import json
+import math
 import os
 import time
 
 import pandas as pd
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
 from kvsim.scenario.sweep import (
@@ -156,6 +159,19 @@ def test_a_swept_value_may_be_a_whole_mapping():
     points = expand_sweep(scenario({"grid": {"workload.arrival": [{"type": "poisson", "rate": 1},
                                                                   {"type": "gamma", "rate": 1, "cv": 2}]}}))
     assert points[1].scenario["workload"]["arrival"] == {"type": "gamma", "rate": 1, "cv": 2}
+
+
+@settings(max_examples=40, deadline=None)
+@given(grid_sizes=st.lists(st.integers(1, 4), max_size=3), zip_len=st.integers(0, 3),
+       repeat=st.integers(1, 3))
+def test_point_count_is_zip_length_times_grid_product_times_repeat_with_unique_ids(grid_sizes, zip_len, repeat):
+    grid = {f"engine.g{i}": list(range(n)) for i, n in enumerate(grid_sizes)}
+    zipped = {"workload.z": list(range(zip_len))} if zip_len else {}
+    points = expand_sweep(scenario({"grid": grid, "zip": zipped, "repeat": repeat}))
+    expected = max(zip_len, 1) * math.prod(grid_sizes) * repeat
+    assert len(points) == expected
+    assert len({p.point_id for p in points}) == expected
+    assert [p.seed for p in points] == [7 + i % repeat for i in range(expected)]
 
 
 # --- bad input -----------------------------------------------------------------
