@@ -302,3 +302,104 @@ def _byte_unit(largest: float) -> tuple[str, float]:
         if largest >= scale:
             return unit, scale
     return "bytes", 1.0
+
+
+# --- capacity planning: kvsim plan's table --------------------------------------------
+
+
+def plan_goodput(table: pd.DataFrame, title: str | None = None) -> Figure:
+    """Goodput per GPU (req/s within the SLOs, per GPU) for each ``kvsim plan`` candidate.
+
+    A bar per candidate with the spread over seeds as an error bar (the
+    slowest and fastest seed), labelled with the binding constraint and, when
+    the plan has a target rate, the GPUs it needs. A candidate that does not
+    fit or cannot meet the SLOs at any rate gets an empty slot saying so.
+    """
+    needed = ["candidate", "status", "goodput_req_s_per_gpu", "max_rate_min", "max_rate_max",
+              "tp", "binding", "num_gpus"]
+    _require("plan-goodput", table, needed, "plan.csv")
+    names = [str(c) for c in table["candidate"]]
+    ok = table["status"].isin(["ok", "capped"]).to_numpy()
+    per_gpu = pd.to_numeric(table["goodput_req_s_per_gpu"], errors="coerce").fillna(0).to_numpy()
+    tp = pd.to_numeric(table["tp"], errors="coerce").fillna(1).to_numpy()
+    low = pd.to_numeric(table["max_rate_min"], errors="coerce").to_numpy() / tp
+    high = pd.to_numeric(table["max_rate_max"], errors="coerce").to_numpy() / tp
+    err = np.nan_to_num(np.vstack([per_gpu - low, high - per_gpu]), nan=0.0).clip(min=0)
+    xs = np.arange(len(names))
+    fig, (ax,) = _figure(1, size=(max(6.0, 1.7 * len(names) + 3), 5.0))
+    colors = {"kv_capacity": "tab:purple", "compute": "tab:blue", "ttft_queueing": "tab:orange"}
+    bar_colors = [colors.get(str(b), "tab:gray") for b in table["binding"]]
+    ax.bar(xs, np.where(ok, per_gpu, 0), yerr=np.where(ok, err, 0), capsize=4, color=bar_colors,
+           width=0.6)
+    top = float(np.max(np.where(ok, per_gpu + err[1], 0))) if ok.any() else 1.0
+    for x, row, good, value in zip(xs, table.itertuples(index=False), ok, per_gpu):
+        if good:
+            gpus = "" if pd.isna(row.num_gpus) else f"\n{int(row.num_gpus)} GPUs for target"
+            text, y = f"{row.binding}{gpus}", value
+        else:
+            text, y = str(row.status), 0.0
+        ax.annotate(text, (x, y), ha="center", va="bottom", fontsize="small", xytext=(0, 3),
+                    textcoords="offset points")
+    ax.set_xticks(xs, names, rotation=15 if len(names) > 4 else 0)
+    ax.set_ylim(0, top * 1.25 if top > 0 else 1.0)
+    ax.set_xlabel("Candidate (GPU, TP, knobs)")
+    ax.set_ylabel("Goodput per GPU (req/s within SLOs)")
+    ax.grid(True, axis="y", alpha=0.3)
+    _suptitle(fig, title, "Highest rate within the SLOs, per GPU")
+    return fig
+
+
+# --- known-result reports (kvsim report) ---------------------------------------------
+
+
+def metric_lines(df: pd.DataFrame, x: str, ys: list[str], *, group: str | None = None,
+                 xlabel: str | None = None, ylabels: list[str] | None = None,
+                 logx: bool = False, logy: bool = False, title: str | None = None,
+                 what: str = "Metrics") -> Figure:
+    """One panel per column in ``ys`` against ``x``, a line per value of ``group``.
+
+    A plain line chart for the report figures that no sweep plot covers
+    (throughput against latency, savings against width, a knob against a rate).
+    """
+    _require("metric-lines", df, [x, *ys, *([group] if group else [])], "the table")
+    fig, axes = _figure(len(ys), size=(4.6 * len(ys) + 1.0, 4.0))
+    groups = [("", df)] if group is None else [(str(k), part) for k, part in
+                                               df.groupby(group, sort=False)]
+    for i, (ax, y) in enumerate(zip(axes, ys)):
+        for color, (label, part) in zip(_colors(len(groups)), groups):
+            part = part.sort_values(x)
+            ax.plot(pd.to_numeric(part[x]), pd.to_numeric(part[y]), "o-", color=color,
+                    label=label or None)
+        ax.set_xlabel(xlabel or _axis_name(x))
+        ax.set_ylabel(ylabels[i] if ylabels else y)
+        if logx:
+            ax.set_xscale("log", base=2)
+        if logy:
+            ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+        if group is not None:
+            ax.legend(fontsize="small")
+    _suptitle(fig, title, what)
+    return fig
+
+
+def metric_bars(df: pd.DataFrame, label: str, ys: list[str], *,
+                ylabels: list[str] | None = None, title: str | None = None,
+                what: str = "Metrics") -> Figure:
+    """One panel per column in ``ys``: a bar per row, named by the ``label`` column."""
+    _require("metric-bars", df, [label, *ys], "the table")
+    fig, axes = _figure(len(ys), size=(3.6 * len(ys) + 1.0, 3.8))
+    names = [str(v) for v in df[label]]
+    xs = np.arange(len(names))
+    for i, (ax, y) in enumerate(zip(axes, ys)):
+        values = pd.to_numeric(df[y]).to_numpy(dtype=float)
+        ax.bar(xs, values, color=_colors(len(names)), width=0.6)
+        for xv, v in zip(xs, values):
+            ax.annotate(f"{v:.3g}", (xv, v), ha="center", va="bottom", fontsize="small",
+                        xytext=(0, 2), textcoords="offset points")
+        ax.set_xticks(xs, names)
+        ax.set_ylabel(ylabels[i] if ylabels else y)
+        ax.set_ylim(0, max(values.max(), 1e-12) * 1.15)
+        ax.grid(True, axis="y", alpha=0.3)
+    _suptitle(fig, title, what)
+    return fig
