@@ -335,7 +335,7 @@ def plan_goodput(table: pd.DataFrame, title: str | None = None) -> Figure:
     for x, row, good, value in zip(xs, table.itertuples(index=False), ok, per_gpu):
         if good:
             gpus = "" if pd.isna(row.num_gpus) else f"\n{int(row.num_gpus)} GPUs for target"
-            text, y = f"{row.binding}{gpus}", value
+            text, y = f"{value:.3g} req/s/GPU\n{row.binding}{gpus}", value + err[1][x]
         else:
             text, y = str(row.status), 0.0
         ax.annotate(text, (x, y), ha="center", va="bottom", fontsize="small", xytext=(0, 3),
