@@ -7,10 +7,16 @@ Any injective chained hash reproduces the engine (H1 allows it), so kvsim uses
 a 64-bit polynomial hash of the prefix, which numpy computes for every block of
 a sequence in one vectorised pass::
 
-    H(prefix of k tokens) = salt + sum_{j<k} mix(token_j) * P**j   (mod 2**64)
+    S(prefix of k tokens) = sum_{j<k} mix(token_j) * P**j         (mod 2**64)
+    H(prefix of k tokens) = salt + mix(S * K + k)                  (mod 2**64)
     block_hash[i] = H(prefix of (i+1) * block_size tokens)
 
 ``mix`` is SplitMix64's finaliser, so nearby token ids spread over all bits.
+``K`` is odd, so for one length ``S -> H`` is a bijection. The length ``k``
+is mixed in because ``mix(0) == 0``: without it, token 0
+adds nothing to ``S``, so ``[x, y]`` and ``[x, y, 0, 0]`` (and every all-zero
+prefix) got the same hash and a request hit another block under its second
+block's hash (found by tests/test_kv_properties.py).
 Collisions are possible in principle (64 bits); the debug mode of the block
 pool stores each block's tokens so tests can check every hit is genuine.
 """
@@ -20,6 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 _P = np.uint64(0x9E3779B97F4A7C15)          # odd multiplier (golden ratio)
+_K = np.uint64(0xD6E8FEB86659FD93)          # odd multiplier that separates prefix lengths
 _powers = np.ones(1, dtype=np.uint64)
 
 
@@ -68,6 +75,9 @@ def block_hashes(token_ids: np.ndarray, block_size: int, cache_salt: str | None 
         terms = _mix(np.asarray(token_ids[:n]).astype(np.int64).view(np.uint64)) * _get_powers(n)
         prefix = np.cumsum(terms, dtype=np.uint64)
         hashes = prefix[block_size - 1::block_size]
+        lengths = np.arange(block_size, n + 1, block_size, dtype=np.uint64)
+        # Fix: mix the prefix length in, so a block of 0-tokens does not repeat its parent's hash.
+        hashes = _mix(hashes * _K + lengths)
         salt = salt_hash(cache_salt)
         if salt:
             hashes = hashes + np.uint64(salt)

@@ -1,0 +1,326 @@
+"""Invariants of the paged KV manager under random operation sequences (hypothesis).
+
+A ``RuleBasedStateMachine`` drives ``KVCacheManager`` in debug mode over a
+small pool (block_size 2-4, 5-20 blocks) with requests drawn from a two- or
+three-letter token alphabet, so prefix hits, evictions of cached blocks and
+copy-on-write happen often. The rules follow how the schedulers use the
+manager (kv-semantics A1-A5, B1-B8, H3-H4, V5):
+
+* admit: ``get_computed_blocks`` then ``allocate_slots`` for the rest of the
+  sequence; on success the request has computed every token and samples one;
+* append: one decode step, ``allocate_slots(req, 1)``, then sample a token;
+* fork: a parallel sample shares every block (copy-on-write);
+* preempt: free everything, recompute later (re-admitted through ``admit``);
+* free: the request finishes.
+
+After every rule the model is checked against the pool: blocks are conserved,
+ref counts equal the number of block tables holding a block, nothing is both
+free and held, hashed blocks hold exactly the prefix their holders have, and
+evictions only ever take blocks with ref_cnt 0.
+"""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+from hypothesis import given, settings
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
+                                 rule, run_state_machine_as_test)
+
+from kvsim.kv.block_pool import NULL_BLOCK_ID
+from kvsim.kv.hashing import block_hashes
+from kvsim.kv.manager import KVCacheManager
+
+MAX_LEN = 24          # tokens a request may reach; the manager's max_model_len is larger
+
+
+class FakeReq:
+    """The attributes the manager reads (manager.py docstring), nothing more."""
+
+    def __init__(self, request_id: str, tokens: list[int], block_size: int) -> None:
+        self.request_id = request_id
+        self.tokens = list(tokens)
+        self.block_size = block_size
+        self.num_computed_tokens = 0
+        self._hashes: tuple[int, list[int]] = (-1, [])
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.tokens
+
+    @property
+    def block_hashes(self) -> list[int]:
+        # Hashes of the full blocks so far (H2), recomputed when the tokens grew.
+        if self._hashes[0] != len(self.tokens):
+            self._hashes = (len(self.tokens), block_hashes(self.tokens, self.block_size))
+        return self._hashes[1]
+
+
+class KVMachine(RuleBasedStateMachine):
+    # Totals over every example run, to check the runs reach the interesting cases.
+    totals = {"hit_blocks": 0, "cow_copies": 0, "evictions": 0, "examples": 0}
+
+    @initialize(block_size=st.integers(2, 4), num_blocks=st.integers(5, 20),
+                alphabet=st.integers(2, 3), lifo=st.booleans())
+    def setup(self, block_size, num_blocks, alphabet, lifo):
+        self.bs = block_size
+        self.alphabet = alphabet
+        self.kv = KVCacheManager(num_blocks, block_size, max_model_len=64,
+                                 lifo_unhashed=lifo, debug=True)
+        self.pool = self.kv.pool
+        self.live: dict[str, FakeReq] = {}       # requests that hold blocks
+        self.waiting: list[FakeReq] = []          # preempted, to be recomputed
+        self.counter = 0
+        self.prompts: list[list[int]] = []        # earlier sequences, to re-use as prefixes
+        # Model of what a hashed block holds: the whole prefix up to its end.
+        self.prefix_of: dict[int, tuple[int, ...]] = {}
+        self.bad_evictions: list[str] = []
+        self.num_hit_blocks = 0
+        pool_evict = self.pool._evict
+
+        def evict(b: int) -> None:
+            # B4: eviction happens only when get_new_blocks pops a block with a hash.
+            if self.pool.ref_cnt[b] != 0:
+                self.bad_evictions.append(f"block {b} evicted with ref_cnt {self.pool.ref_cnt[b]}")
+            holders = [rid for rid, r in self.live.items() if b in self.kv.get_blocks(rid)]
+            if holders:
+                self.bad_evictions.append(f"block {b} evicted while held by {holders}")
+            self.prefix_of.pop(b, None)
+            KVMachine.totals["evictions"] += 1
+            pool_evict(b)
+
+        self.pool._evict = evict
+
+    # ------------------------------------------------------------ helpers
+
+    def _new_id(self) -> str:
+        self.counter += 1
+        return f"r{self.counter}"
+
+    def _snapshot(self):
+        p = self.pool
+        return (list(p.ref_cnt), list(p.block_hash), p.free_queue(), dict(p._cached),
+                {rid: list(b) for rid, b in self.kv.req_to_blocks.items()},
+                dict(self.kv.num_cached_block), list(self.kv.blocks_to_copy))
+
+    def _sample(self, req: FakeReq, token: int) -> None:
+        # The step computed every token; the request samples the next one.
+        req.num_computed_tokens = req.num_tokens
+        req.tokens.append(token)
+
+    def _record_prefixes(self) -> None:
+        for rid, req in self.live.items():
+            for i, b in enumerate(self.kv.get_blocks(rid)):
+                if self.pool.block_hash[b] is not None and b not in self.prefix_of:
+                    self.prefix_of[b] = tuple(req.tokens[:(i + 1) * self.bs])
+
+    def _admit(self, req: FakeReq, token: int):
+        before = self._snapshot()
+        hits, num_hit = self.kv.get_computed_blocks(req)
+        assert self._snapshot() == before, "get_computed_blocks changed state (H4)"
+        assert num_hit == len(hits) * self.bs
+        assert num_hit <= req.num_tokens - 1                      # H3: max_hit = num_tokens - 1
+        for i, b in enumerate(hits):
+            # Every hit holds exactly the request's tokens, and the whole prefix matches.
+            assert self.pool.block_tokens[b] == tuple(req.tokens[i * self.bs:(i + 1) * self.bs])
+            assert self.prefix_of[b] == tuple(req.tokens[:(i + 1) * self.bs])
+        self.num_hit_blocks += len(hits)
+        n = req.num_tokens - num_hit
+        new = self.kv.allocate_slots(req, n, num_hit, hits)
+        if new is None:
+            assert self._snapshot() == before, "a refused allocation changed state (A2)"
+            return None
+        assert self.kv.get_blocks(req.request_id)[:len(hits)] == hits
+        self.live[req.request_id] = req
+        self._sample(req, token)
+        self._record_prefixes()
+        return req
+
+    # -------------------------------------------------------------- rules
+
+    @rule(data=st.data())
+    def admit_new(self, data):
+        tokens = []
+        if self.prompts and data.draw(st.booleans()):
+            old = data.draw(st.sampled_from(self.prompts))
+            tokens = old[:data.draw(st.integers(0, len(old)))]
+        extra = data.draw(st.lists(st.integers(0, self.alphabet - 1), max_size=10))
+        tokens = (tokens + extra)[:MAX_LEN - 1] or [0]
+        self.admit_tokens(tokens, data.draw(st.integers(0, self.alphabet - 1)))
+
+    @precondition(lambda self: self.waiting)
+    @rule(data=st.data())
+    def resume(self, data):
+        req = data.draw(st.sampled_from(self.waiting))
+        if self._admit(req, data.draw(st.integers(0, self.alphabet - 1))) is not None:
+            self.waiting.remove(req)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def append(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.live)))
+        self.append_token(rid, data.draw(st.integers(0, self.alphabet - 1)))
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def fork(self, data):
+        rid = data.draw(st.sampled_from(sorted(self.live)))
+        self.fork_request(rid, data.draw(st.integers(0, self.alphabet - 1)))
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def preempt(self, data):
+        self.preempt_request(data.draw(st.sampled_from(sorted(self.live))))
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def finish(self, data):
+        self.finish_request(data.draw(st.sampled_from(sorted(self.live))))
+
+    # ------------------------------------------------------------- actions
+
+    def admit_tokens(self, tokens: list[int], token: int) -> FakeReq | None:
+        self.prompts.append(list(tokens))
+        return self._admit(FakeReq(self._new_id(), tokens, self.bs), token)
+
+    def append_token(self, rid: str, token: int) -> None:
+        req = self.live[rid]
+        if req.num_tokens >= MAX_LEN:
+            return
+        before = self._snapshot()
+        copies = len(self.kv.blocks_to_copy)
+        blocks_before = list(self.kv.get_blocks(rid))
+        last = req.num_computed_tokens // self.bs
+        shared_partial = (req.num_computed_tokens % self.bs != 0
+                          and self.pool.ref_cnt[blocks_before[last]] > 1)
+        if self.kv.allocate_slots(req, 1) is None:
+            assert self._snapshot() == before, "a refused allocation changed state (A2)"
+            return
+        blocks = self.kv.get_blocks(rid)
+        if shared_partial:
+            # V5: writing into a shared partial block copies it first.
+            assert self.kv.blocks_to_copy[copies:] == [(blocks_before[last], blocks[last])], (
+                rid, req.num_computed_tokens, blocks_before, blocks, self.kv.blocks_to_copy[copies:])
+            assert blocks[:last] == blocks_before[:last]
+        else:
+            assert len(self.kv.blocks_to_copy) == copies
+            assert blocks[:len(blocks_before)] == blocks_before
+        self._sample(req, token)
+        self.prompts.append(list(req.tokens))
+        self._record_prefixes()
+
+    def fork_request(self, rid: str, token: int) -> FakeReq:
+        parent = self.live[rid]
+        # A parallel sample: same computed tokens, its own (not yet computed) sample.
+        child = FakeReq(self._new_id(), parent.tokens[:-1] + [token], self.bs)
+        child.num_computed_tokens = parent.num_computed_tokens
+        self.kv.fork(parent, child)
+        assert self.kv.get_blocks(child.request_id) == self.kv.get_blocks(rid)
+        self.live[child.request_id] = child
+        return child
+
+    def preempt_request(self, rid: str) -> None:
+        req = self.live.pop(rid)
+        self.kv.free(req)
+        req.num_computed_tokens = 0                   # recompute later (P2)
+        self.waiting.append(req)
+
+    def finish_request(self, rid: str) -> None:
+        req = self.live.pop(rid)
+        self.kv.free(req)
+        assert self.kv.get_blocks(rid) == []
+
+    # --------------------------------------------------------- invariants
+
+    @invariant()
+    def blocks_are_conserved(self):
+        if not hasattr(self, "kv"):
+            return
+        held = {b for rid in self.live for b in self.kv.get_blocks(rid)}
+        assert NULL_BLOCK_ID not in held
+        free = self.pool.free_queue()
+        assert len(free) == len(set(free))
+        assert len(free) + len(held) + 1 == self.pool.num_gpu_blocks
+        assert self.kv.get_num_free_blocks() == len(free)
+        assert not set(free) & held, "a block is both free and held"
+        assert set(self.kv.req_to_blocks) == set(self.live)
+
+    @invariant()
+    def ref_counts_equal_holders(self):
+        if not hasattr(self, "kv"):
+            return
+        count = [0] * self.pool.num_gpu_blocks
+        for rid in self.live:
+            for b in self.kv.get_blocks(rid):
+                count[b] += 1
+        for b in range(1, self.pool.num_gpu_blocks):
+            assert self.pool.ref_cnt[b] >= 0
+            assert self.pool.ref_cnt[b] == count[b], f"block {b}"
+            assert self.pool.is_free(b) == (count[b] == 0)
+
+    @invariant()
+    def hashed_blocks_hold_their_holders_tokens(self):
+        if not hasattr(self, "kv"):
+            return
+        bs = self.bs
+        for rid, req in self.live.items():
+            blocks = self.kv.get_blocks(rid)
+            # A request holds exactly the blocks for the tokens it computed (A5).
+            assert len(blocks) == -(-req.num_computed_tokens // bs)
+            for i, b in enumerate(blocks):
+                if self.pool.block_hash[b] is None:
+                    continue
+                assert self.prefix_of[b] == tuple(req.tokens[:(i + 1) * bs])
+                assert self.pool.block_tokens[b] == tuple(req.tokens[i * bs:(i + 1) * bs])
+        # The hash map points only at blocks that carry that hash.
+        for b in range(1, self.pool.num_gpu_blocks):
+            h = self.pool.block_hash[b]
+            if h is not None:
+                entry = self.pool._cached[h]
+                assert b == entry or (isinstance(entry, dict) and b in entry)
+
+    @invariant()
+    def evictions_take_only_unreferenced_blocks(self):
+        if hasattr(self, "bad_evictions"):
+            assert self.bad_evictions == []
+
+
+    def teardown(self):
+        if hasattr(self, "kv"):
+            KVMachine.totals["hit_blocks"] += self.num_hit_blocks
+            KVMachine.totals["cow_copies"] += self.kv.num_cow_copies
+            KVMachine.totals["examples"] += 1
+
+
+def test_kv_manager_invariants_hold_under_random_operations():
+    for key in KVMachine.totals:
+        KVMachine.totals[key] = 0
+    run_state_machine_as_test(
+        KVMachine, settings=settings(max_examples=60, stateful_step_count=30, deadline=None))
+    # The runs must reach prefix hits, copy-on-write and evictions, or they prove little.
+    t = KVMachine.totals
+    assert t["examples"] >= 60 and t["hit_blocks"] > 0 and t["cow_copies"] > 0 and t["evictions"] > 0, t
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.lists(st.integers(0, 2), max_size=12), b=st.lists(st.integers(0, 2), max_size=12),
+       block_size=st.integers(1, 4))
+def test_block_hashes_are_equal_exactly_when_the_prefixes_are_equal(a, b, block_size):
+    """H1: block i's hash identifies the whole prefix up to block i, zeros included.
+
+    Regression: token 0 used to add nothing to the hash, so ``[x, y]`` and
+    ``[x, y, 0, 0]`` collided and an all-zero block repeated its parent's hash.
+    """
+    ha, hb = block_hashes(a, block_size), block_hashes(b, block_size)
+    for i, x in enumerate(ha):
+        for j, y in enumerate(hb):
+            same = a[:(i + 1) * block_size] == b[:(j + 1) * block_size]
+            assert (x == y) == same, (a, b, i, j)
+
+
+def test_all_zero_blocks_do_not_repeat_the_parent_hash():
+    assert len(set(block_hashes([0] * 8, 2))) == 4
+    assert block_hashes([5, 7, 0, 0], 2)[1] != block_hashes([5, 7], 2)[0]
