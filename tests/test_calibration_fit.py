@@ -130,7 +130,7 @@ def test_calibrate_fit_cli_names_a_missing_column(tmp_path, capsys):
 def test_calibrate_report_on_one_profile(tmp_path):
     out = tmp_path / "calibration.md"
     assert kvsim_main(["calibrate", "report", "--profiles", "a100-80gb-sxm_llama-2-70b_tp2",
-                       "--no-figures", "--out", str(out)]) == 0
+                       "--no-figures", "--no-replay", "--out", str(out)]) == 0
     text = out.read_text()
     assert "| a100-80gb-sxm_llama-2-70b_tp2 |" in text
     assert "Splitwise" in text and "decode batch 128" in text

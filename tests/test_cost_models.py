@@ -203,7 +203,8 @@ def test_every_shipped_profile_meets_the_layer_and_attention_targets():
     for path in sorted(PROFILE_DIR.glob("*.json")):
         errors = load_profile(str(path))["errors"]
         target = LAYER_TARGET_EXCEPTIONS.get(path.stem, 5.0)
-        assert errors["layer_linear_ops"]["fitted_median_ape"] <= target, path.name
+        if "layer_linear_ops" in errors:      # vLLM tables fuse the residual adds: no layer sum
+            assert errors["layer_linear_ops"]["fitted_median_ape"] <= target, path.name
         assert errors["prefill_attention"]["fitted_median_ape"] <= 10.0, path.name
         assert errors["decode_attention"]["fitted_median_ape"] <= 10.0, path.name
 

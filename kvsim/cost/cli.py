@@ -30,6 +30,8 @@ def add_parser(subparsers) -> None:
     report.add_argument("--profiles", nargs="*", default=None, help="only these profiles")
     report.add_argument("--profile-dir", default=str(PROFILE_DIR))
     report.add_argument("--no-figures", action="store_true")
+    report.add_argument("--no-replay", action="store_true",
+                        help="skip replaying the vLLM serving runs through kvsim.simulate")
     report.set_defaults(func=_report)
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
 
@@ -76,6 +78,6 @@ def _report(args: argparse.Namespace) -> int:
         for path in refit_published(args.profiles, profile_dir):
             print(f"refit {path}")
     out = write_report(Path(args.out), profile_dir=profile_dir, figures=not args.no_figures,
-                       names=args.profiles)
+                       names=args.profiles, replay=not args.no_replay)
     print(f"wrote {out}")
     return 0

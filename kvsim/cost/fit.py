@@ -23,11 +23,14 @@ Each part is fitted on a seeded 80% of its rows and judged on the other 20%
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 
 from kvsim.cost.features import (LINEAR_OPS, SAMPLED_OPS, RankShapes, decode_attention_work,
-                                 causal_attention_flops, prefill_attention_work, rank_shapes)
+                                 causal_attention_flops, prefill_attention_work,
+                                 prefill_wave_keys, rank_shapes)
 from kvsim.cost.fitted import PROFILE_FORMAT
 from kvsim.cost.nnls import fit_roofline_op, relative_nnls
 from kvsim.cost.roofline import roofline_cost_model
@@ -106,12 +109,14 @@ class _Part:
 
 def _coef_dict(c: OpCoefficients) -> dict:
     out = {"sec_per_flop": c.sec_per_flop, "sec_per_byte": c.sec_per_byte, "const_s": c.const_s}
-    for extra in ("floor_s", "sec_per_token", "sec_per_causal_flop"):
+    for extra in ("floor_s", "sec_per_token", "sec_per_causal_flop", "sec_per_wave_key"):
         if getattr(c, extra):
             out[extra] = getattr(c, extra)
     out = {k: float(f"{v:.6g}") for k, v in out.items()}
     if c.tile_m:
         out.update(tile_m=c.tile_m, tile_n=c.tile_n, num_sms=c.num_sms)
+    if c.wave_tile_m:
+        out.update(wave_tile_m=c.wave_tile_m, wave_kv_heads=c.wave_kv_heads, num_sms=c.num_sms)
     return out
 
 
@@ -159,6 +164,25 @@ def _fit_gemm(op, n, nbytes, t, test, num_sms):
                                       tile_m=tile[0], tile_n=tile[1], num_sms=num_sms)
             best = (err, coef, pred, flops)
     return best[1], best[2], best[3]
+
+
+def _fit_prefill_attention(shapes, c, p, flops, nbytes, t, test):
+    """Hinge fit plus per-token and causal terms, with or without the wave term (best on training rows)."""
+    base = [c, causal_attention_flops(shapes, c)]
+    names = ("sec_per_token", "sec_per_causal_flop")
+    coef, pred = _fit_hinge(flops, nbytes, t, test, extra=np.column_stack(base), extra_names=names)
+    best = (_sse(pred, t, ~test), coef, pred)
+    for kv in (0, 1):
+        for tile in (64, 128):
+            for sms in SM_CANDIDATES:
+                w = prefill_wave_keys(shapes, c, p, tile, bool(kv), sms)
+                cf, pr = _fit_hinge(flops, nbytes, t, test, extra=np.column_stack(base + [w]),
+                                    extra_names=names + ("sec_per_wave_key",))
+                err = _sse(pr, t, ~test)
+                if err < best[0] * 0.98:            # a real improvement, not noise
+                    cf = dataclasses.replace(cf, wave_tile_m=tile, wave_kv_heads=kv, num_sms=sms)
+                    best = (err, cf, pr)
+    return best[1], best[2]
 
 
 def _fit_num_sms(groups: dict, by_name: dict) -> int:
@@ -262,9 +286,7 @@ def fit_profile(data: pd.DataFrame, *, model, gpu, tp: int = 1, name: str | None
         c, p, t = _num(rows, "prefill_chunk"), _num(rows, "prefill_context"), _num(rows, "time_s")
         test = heldout_mask(len(rows))
         flops, nbytes = prefill_attention_work(attn_shapes, c, p)
-        coef, pred = _fit_hinge(flops, nbytes, t, test,
-                                extra=np.column_stack([c, causal_attention_flops(attn_shapes, c)]),
-                                extra_names=("sec_per_token", "sec_per_causal_flop"))
+        coef, pred = _fit_prefill_attention(attn_shapes, c, p, flops, nbytes, t, test)
         profile["prefill_attention"] = _coef_dict(coef)
         parts.append(_Part("prefill_attention", c * (p + c / 2), t, pred,
                            rl.prefill_attention.time(flops, nbytes), test, (~test).sum()))

@@ -64,7 +64,7 @@ def _coef(d: dict, cls, where: str):
     unknown = set(d) - allowed
     if unknown:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}; allowed: {sorted(allowed)}")
-    ints = {"tile_m", "tile_n", "num_sms"}
+    ints = {"tile_m", "tile_n", "num_sms", "wave_tile_m", "wave_kv_heads"}
     return cls(**{k: (int(v) if k in ints else float(v)) for k, v in d.items()})
 
 

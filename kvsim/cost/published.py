@@ -186,6 +186,20 @@ PUBLISHED: tuple[PublishedProfile, ...] = (
 )
 
 
+_ATTENTION_FITS: dict = {}
+
+
+def _attention_fit(a100) -> dict:
+    """The A100 attention fit, once per process (every shipped profile shares it)."""
+    from kvsim.cost.features import rank_shapes
+    from kvsim.cost.fit import fit_profile
+    if a100.name not in _ATTENTION_FITS:
+        rows, model, tp, _ = read_vidur_attention()
+        _ATTENTION_FITS[a100.name] = fit_profile(rows, model=model, gpu=a100, tp=tp,
+                                                 attention_shapes=rank_shapes(model, tp))
+    return _ATTENTION_FITS[a100.name]
+
+
 def build_published_profile(spec: PublishedProfile, load_model, load_gpu) -> dict:
     """Fit one shipped profile from the Vidur tables (see the module docstring)."""
     from kvsim.cost.features import rank_shapes
@@ -209,8 +223,7 @@ def build_published_profile(spec: PublishedProfile, load_model, load_gpu) -> dic
     # Attention is fitted where it was measured (A100, Llama-2-70B TP2 ranks);
     # another GPU gets the A100 coefficients scaled by its peak FLOP/s and HBM
     # bandwidth relative to the A100's (identity for the A100 itself).
-    attn = fit_profile(attn_rows, model=attn_model, gpu=a100, tp=attn_tp,
-                       attention_shapes=rank_shapes(attn_model, attn_tp))
+    attn = _attention_fit(a100)
     flop_ratio = peak_flops(a100, 2) / peak_flops(gpu, 2)
     byte_ratio = a100.hbm_bandwidth_gbps / gpu.hbm_bandwidth_gbps
     description = spec.note
@@ -230,3 +243,53 @@ def build_published_profile(spec: PublishedProfile, load_model, load_gpu) -> dic
         profile["errors"][part] = attn["errors"][part]
         profile["heldout"][part] = attn["heldout"][part]
     return profile
+
+
+# --------------------------------------------------------------- vLLM layer-wise tables
+
+LAYERWISE_OPS = {
+    "embedding": "embedding", "layernorm": "input_norm", "qkv_proj": "qkv_proj",
+    "rotary_emb": "rope", "o_proj": "o_proj", "gate_up_proj": "mlp_gate_up",
+    "act_fn": "mlp_act", "down_proj": "mlp_down", "final_layernorm": "final_norm",
+    "lm_head": "lm_head", "sampler": "sampler",
+}
+
+
+def read_vllm_layerwise(gpu_dir: str, hf_model: str, tp: int = 1):
+    """LLMServingSim's vLLM 0.19 kernel tables (``llmservingsim/vllm_layerwise``) as calibration rows.
+
+    ``layernorm`` is vLLM's fused residual-add + RMSNorm: it stands for both
+    norms, and the residual adds cost nothing extra (a profile built from it
+    sets ``residual_add`` to zero). Mixed prefill + decode attention rows
+    become kind ``attention`` (validation of the separately fitted parts).
+    """
+    base = f"llmservingsim/vllm_layerwise/{gpu_dir}/{hf_model}/bf16/tp{tp}"
+    root = data_root() / base
+    dense = pd.read_csv(root / "dense.csv")
+    per_seq = pd.read_csv(root / "per_sequence.csv").rename(columns={"sequences": "tokens"})
+    ops = pd.concat([dense, per_seq], ignore_index=True)
+    ops = ops[ops["layer"].isin(list(LAYERWISE_OPS))]
+    op_rows = pd.DataFrame({"kind": "op", "op": ops["layer"].map(LAYERWISE_OPS).to_numpy(),
+                            "num_tokens": ops["tokens"].to_numpy(),
+                            "time_s": ops["time_us"].to_numpy() * 1e-6})
+    norms = op_rows[op_rows["op"] == "input_norm"].assign(op="post_attn_norm")
+    attn = pd.read_csv(root / "attention.csv")
+    pre = attn[(attn["n_decode"] == 0) & (attn["prefill_chunk"] > 0)]
+    dec = attn[(attn["prefill_chunk"] == 0) & (attn["n_decode"] > 0)]
+    mixed = attn[(attn["prefill_chunk"] > 0) & (attn["n_decode"] > 0)]
+    mixed = mixed.iloc[:: max(1, len(mixed) // 2000)]        # a spread-out sample is plenty
+    attn_rows = pd.concat([
+        pd.DataFrame({"kind": "prefill_attention", "prefill_chunk": pre["prefill_chunk"],
+                      "prefill_context": pre["kv_prefill"], "time_s": pre["time_us"] * 1e-6}),
+        pd.DataFrame({"kind": "decode_attention", "num_decode": dec["n_decode"],
+                      "decode_context": dec["kv_decode"], "time_s": dec["time_us"] * 1e-6}),
+        pd.DataFrame({"kind": "attention", "prefill_chunk": mixed["prefill_chunk"],
+                      "prefill_context": mixed["kv_prefill"], "num_decode": mixed["n_decode"],
+                      "decode_context": mixed["kv_decode"], "time_s": mixed["time_us"] * 1e-6}),
+    ], ignore_index=True)
+    rows = pd.concat([op_rows, norms, attn_rows], ignore_index=True)
+    rows = rows[rows["time_s"] > 0]
+    source = {"part": "ops+attention", "file": base + "/{dense,per_sequence,attention}.csv",
+              "rows": "pure prefill / pure decode fitted, mixed attention held out (sampled)",
+              "n_rows": int(len(rows))}
+    return rows, source

@@ -19,7 +19,7 @@ import numpy as np
 
 from kvsim.cost.base import BatchShape
 from kvsim.cost.features import (SAMPLED_OPS, RankShapes, causal_attention_flops,
-                                 decode_attention_work, prefill_attention_work)
+                                 decode_attention_work, prefill_attention_work, prefill_wave_keys)
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,9 @@ class OpCoefficients:
     tile_m: int = 0               # GEMM output tile and SM count for wave-quantised FLOPs
     tile_n: int = 0               # (0: exact FLOPs; see OpShape.wave_flops)
     num_sms: int = 0
+    sec_per_wave_key: float = 0.0  # prefill attention: serial key walk per wave (prefill_wave_keys)
+    wave_tile_m: int = 0
+    wave_kv_heads: int = 0         # 1: programs per KV head (GQA-packed kernels), 0: per query head
 
     def time(self, flops, nbytes):
         return np.maximum(np.maximum(self.sec_per_flop * flops, self.sec_per_byte * nbytes),
@@ -159,8 +162,12 @@ def prefill_attention_layer_time(coef: OpCoefficients, shapes: RankShapes, chunk
     """Seconds of one layer's attention for each prefill chunk (elementwise over arrays)."""
     chunks = np.asarray(chunks, dtype=float)
     flops, nbytes = prefill_attention_work(shapes, chunks, contexts)
-    return (coef.time(flops, nbytes) + coef.sec_per_token * chunks
-            + coef.sec_per_causal_flop * causal_attention_flops(shapes, chunks))
+    t = (coef.time(flops, nbytes) + coef.sec_per_token * chunks
+         + coef.sec_per_causal_flop * causal_attention_flops(shapes, chunks))
+    if coef.wave_tile_m:
+        t = t + coef.sec_per_wave_key * prefill_wave_keys(shapes, chunks, contexts, coef.wave_tile_m,
+                                                          bool(coef.wave_kv_heads), coef.num_sms)
+    return t
 
 
 def decode_attention_layer_time(coef: OpCoefficients, shapes: RankShapes, num_seqs, context_sum):
