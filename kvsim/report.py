@@ -145,8 +145,8 @@ def report_static_vs_continuous(out: Path, fast: bool) -> Report:
 
     # Part 2: a rate sweep on the Azure conversation lengths.
     trace = _scenario("static_vs_continuous_trace")
-    n = 60 if fast else 600
-    rates = [1, 32] if fast else [1, 2, 4, 8, 16, 32, 64]
+    n = 40 if fast else 600
+    rates = [2, 32] if fast else [1, 2, 4, 8, 16, 32, 64]
     rows = []
     for sched in ("static", "continuous"):
         for rate in rates:
@@ -250,7 +250,7 @@ def report_paged_vs_contiguous(out: Path, fast: bool) -> Report:
     from kvsim.workload import build_workload
 
     name = "paged_vs_contiguous"
-    n = 300 if fast else 3000
+    n = 150 if fast else 3000
     sc = load_scenario(_scenario(name), overrides=[f"workload.trace.max_requests={n}"])
     specs = list(build_workload(sc.workload, rng=np.random.default_rng(sc.seed),
                                 base_dir=sc.base_dir).requests())
@@ -568,7 +568,7 @@ def report_kv_pressure(out: Path, fast: bool) -> Report:
         base = ["workload.prompt_len={type: fixed, value: 256}",
                 "workload.output_len={type: fixed, value: 128}",
                 "engine.num_gpu_blocks_override=385", "workload.num_requests=64"]
-        concurrencies = [8, 16, 32]
+        concurrencies = [8, 16, 48]
     else:
         base = []
         concurrencies = [4, 8, 16, 24, 32, 64]
@@ -697,7 +697,7 @@ def report_sharing(out: Path, fast: bool) -> Report:
 
 def report_quickstart(out: Path, fast: bool) -> Report:
     name = "quickstart"
-    over = ["workload.num_requests=50"] if fast else []
+    over = ["workload.num_requests=30"] if fast else []
     _, res = _run(_scenario(name), over)
     s = res.summary
     n = res.scenario.workload.num_requests
@@ -725,7 +725,7 @@ STATIC_MAX_SLOT_UTILIZATION = 0.9   # "wastes slots": at least 10% of slot-steps
 
 def report_schedulers_azure(out: Path, fast: bool) -> Report:
     name = "schedulers_azure"
-    n = 80 if fast else 1000
+    n = 50 if fast else 1000
     rows, util = [], None
     for sched in ("static", "continuous", "chunked"):
         engine, res = _run(_scenario(name), [f"engine.scheduler={sched}",

@@ -1,0 +1,132 @@
+"""`kvsim report --fast`: every known-result report runs and its key numbers hold.
+
+The reports run once per session (module fixture) into a temporary folder; each
+test then reads one report's simulated numbers. Full-size numbers are in the
+committed reports/ (regenerated with `kvsim report`).
+"""
+
+import re
+
+import numpy as np
+import pytest
+
+from kvsim.report import REPORTS, Check, Report, render, run_reports
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reports")
+    done = run_reports(None, out, fast=True)
+    return out, {r.name: r for r in done}
+
+
+def test_every_report_writes_markdown_with_verdict_figure_and_command(reports):
+    out, done = reports
+    assert set(done) == set(REPORTS)
+    for name, rep in done.items():
+        text = (out / f"{name}.md").read_text()
+        assert f"**Verdict: {rep.verdict}**" in text
+        assert f"kvsim report {name}" in text
+        figure = out / "figures" / f"{name}.png"
+        assert figure.is_file() and figure.stat().st_size < 200_000
+        assert f"](figures/{name}.png)" in text
+
+
+def test_index_lists_every_report_with_its_verdict(reports):
+    out, done = reports
+    index = (out / "README.md").read_text()
+    for name, rep in done.items():
+        assert re.search(rf"\| \[{name}\]\({name}\.md\) \| .* \| {re.escape(rep.verdict)} \|", index)
+
+
+def test_static_batch_uses_260_of_600_slot_steps(reports):
+    n = reports[1]["static_vs_continuous"].numbers
+    assert (n["used_slot_steps"], n["slot_steps"]) == (260, 600)
+
+
+def test_static_returns_the_10_token_request_at_step_200_continuous_at_10(reports):
+    finish = reports[1]["static_vs_continuous"].numbers["finish"]
+    assert finish["static"] == {10: 200.0, 50: 200.0, 200: 200.0}
+    assert finish["continuous"] == {10: 10.0, 50: 50.0, 200: 200.0}
+    assert finish["chunked"][10] == 10.0
+
+
+def test_continuous_has_lower_normalized_latency_than_static_at_every_rate(reports):
+    curves = reports[1]["static_vs_continuous"].numbers["curves"]
+    by = curves.pivot(index="rate", columns="scheduler", values="normalized_latency_s")
+    assert (by["continuous"] < by["static"]).all()
+
+
+def test_prefix_hit_shares_125_of_131_blocks_and_prefills_100_tokens(reports):
+    n = reports[1]["prefix_caching"].numbers
+    assert (n["full_blocks"], n["shared_blocks"], n["prefilled"]) == (131, 125, 100)
+
+
+def test_prefix_caching_cuts_ttft_many_fold_and_costs_nothing_without_sharing(reports):
+    n = reports[1]["prefix_caching"].numbers
+    assert n["ttft_factor"] >= 3
+    assert abs(n["no_prefix_throughput_change"]) <= 0.01
+
+
+def test_decode_itl_rises_with_chunk_size(reports):
+    df = reports[1]["chunk_size_itl"].numbers["table"]
+    assert np.all(np.diff(df["max_itl_ms"]) > 0)
+    assert np.all(np.diff(df["p99_itl_ms"]) > 0)
+
+
+def test_long_prompt_ttft_falls_with_chunk_size(reports):
+    df = reports[1]["chunk_size_itl"].numbers["table"]
+    assert np.all(np.diff(df["mean_ttft_long_ms"]) < 0)
+
+
+def test_preemptions_appear_only_past_kv_capacity(reports):
+    n = reports[1]["kv_pressure"].numbers
+    df = n["table"]
+    assert (df.loc[df["concurrency"] <= n["fit"], "num_preemptions"] == 0).all()
+    assert (df.loc[df["concurrency"] > n["fit"], "num_preemptions"] > 0).all()
+    assert n["ttft_factor"] >= 3
+
+
+def test_paged_holds_tokens_in_most_of_its_memory_and_fits_about_8x(reports):
+    n = reports[1]["paged_vs_contiguous"].numbers
+    assert n["share"]["paged"] > 0.95
+    assert n["share"]["Max"] < n["share"]["Pow2"] < n["share"]["Oracle"] < n["share"]["paged"]
+    assert 6 <= n["times"] <= 10
+
+
+def test_sharing_savings_fall_in_the_stated_bands(reports):
+    # The report's tolerance: the vLLM paper's Fig. 15 endpoints +- 5 points.
+    from kvsim.report import PAPER_SAVING, SHARING_TOLERANCE
+    df = reports[1]["sharing"].numbers["table"].set_index(["mode", "width"])["saving"]
+    (par_lo, par_hi), (beam_lo, _) = PAPER_SAVING["parallel"], PAPER_SAVING["beam"]
+    assert abs(df["parallel", 2] - par_lo) <= SHARING_TOLERANCE
+    assert abs(df["parallel", 6] - par_hi) <= SHARING_TOLERANCE
+    assert abs(df["beam", 2] - beam_lo) <= SHARING_TOLERANCE
+    # Beams share more as the beam grows, and always more than parallel samples.
+    assert df["beam", 2] < df["beam", 4] < df["beam", 6]
+    assert all(df["beam", w] > df["parallel", w] for w in (2, 4, 6))
+
+
+def test_static_wastes_slots_and_continuous_has_worst_tail_itl_on_azure(reports):
+    n = reports[1]["schedulers_azure"].numbers
+    assert n["slot_utilization"] < 0.9
+    p99 = n["table"].set_index("scheduler")["p99_itl_ms"]
+    assert p99.idxmax() == "continuous"
+    assert p99["chunked"] < p99["continuous"]
+
+
+def test_quickstart_serves_every_request(reports):
+    s = reports[1]["quickstart"].numbers["summary"]
+    assert s["completed"] == 30 and s["failed"] == 0
+
+
+def test_verdict_names_every_failed_check():
+    rep = Report("x", "X", "claim", "src", [Check("a", "1", "1", True, "exact"),
+                                            Check("b", "2", "3", False, "exact")], "kvsim report x")
+    assert rep.verdict == "differs: b"
+    assert "**Verdict: differs: b**" in render(rep)
+
+
+def test_unknown_report_name_is_a_user_error(tmp_path):
+    with pytest.raises(ValueError, match="report 'nope' does not exist; allowed: static_vs_continuous"):
+        run_reports(["nope"], tmp_path)
