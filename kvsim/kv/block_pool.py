@@ -99,18 +99,30 @@ class BlockPool:
         if num_blocks > self._num_free:
             raise ValueError(f"cannot get {num_blocks} blocks: only {self._num_free} free")
         out = []
-        nxt, prv = self._next, self._prev
+        nxt, prv, head = self._next, self._prev, self._head
+        in_free, ref, block_hash, cached = self._in_free, self.ref_cnt, self.block_hash, self._cached
+        b = nxt[head]
         for _ in range(num_blocks):
-            b = nxt[self._head]
-            # Unlink the head (inline _remove for speed).
-            after = nxt[b]
-            nxt[self._head] = after
-            prv[after] = self._head
-            self._in_free[b] = False
-            if self.block_hash[b] is not None:
-                self._evict(b)
-            self.ref_cnt[b] = 1
+            in_free[b] = False
+            h = block_hash[b]
+            if h is not None:
+                # Eviction (inline _evict): drop this block from the hash map.
+                entry = cached[h]
+                if type(entry) is int:
+                    del cached[h]
+                else:
+                    del entry[b]
+                    if len(entry) == 1:
+                        cached[h] = next(iter(entry))
+                block_hash[b] = None
+                if self.debug:
+                    self.block_tokens[b] = None
+            ref[b] = 1
             out.append(b)
+            b = nxt[b]
+        # Unlink the popped run from the head in one go.
+        nxt[head] = b
+        prv[b] = head
         self._num_free -= num_blocks
         return out
 
@@ -131,18 +143,30 @@ class BlockPool:
         keeping their order, so they are reused first (vLLM PR #42656).
         """
         ref = self.ref_cnt
+        block_hash = self.block_hash
+        lifo = self.lifo_unhashed
         to_head = []
+        nxt, prv, in_free, tail = self._next, self._prev, self._in_free, self._tail
         for b in ordered_blocks:
             if b == NULL_BLOCK_ID:
                 continue
-            ref[b] -= 1
-            if ref[b] < 0:
+            c = ref[b] - 1
+            ref[b] = c
+            if c > 0:
+                continue
+            if c < 0:
                 raise AssertionError(f"block {b}: ref_cnt went negative")
-            if ref[b] == 0:
-                if self.lifo_unhashed and self.block_hash[b] is None:
-                    to_head.append(b)
-                else:
-                    self._append(b)
+            if lifo and block_hash[b] is None:
+                to_head.append(b)
+            else:
+                # _append, inlined: this loop runs for every block ever freed.
+                last = prv[tail]
+                nxt[last] = b
+                prv[b] = last
+                nxt[b] = tail
+                prv[tail] = b
+                in_free[b] = True
+                self._num_free += 1
         for b in reversed(to_head):
             self._prepend(b)
 

@@ -45,6 +45,7 @@ class KVCacheManager:
         # Copy-on-write: (src, dst) block copies the GPU would perform.
         self.blocks_to_copy: list[tuple[int, int]] = []
         self.num_cow_copies = 0
+        self._any_forks = False       # copy-on-write checks only once something forked
 
     # -------------------------------------------------------------- queries
 
@@ -110,6 +111,9 @@ class KVCacheManager:
         """
         if num_new_tokens <= 0:
             raise ValueError("num_new_tokens must be > 0")
+        blocks = self.req_to_blocks.get(req.request_id)
+        if blocks is not None and not new_computed_blocks and not self._any_forks:
+            return self._extend_running(req, blocks, num_new_tokens, num_lookahead_tokens)
         num_computed = req.num_computed_tokens + num_new_computed_tokens
         need = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         if self.num_blocks_to_allocate(req, need, new_computed_blocks) > self.pool.get_num_free_blocks():
@@ -139,6 +143,36 @@ class KVCacheManager:
                 self.num_cached_block[rid] = num_full
         return new_blocks
 
+    def _extend_running(self, req, blocks: list[int], num_new_tokens: int,
+                        num_lookahead_tokens: int) -> list[int] | None:
+        """``allocate_slots`` for a request that already holds blocks (the hot path).
+
+        Same rules as the general path (A1, A2, A4) with nothing to revive:
+        a running request gets no new prefix hits.
+        """
+        bs = self.block_size
+        num_computed = req.num_computed_tokens
+        need = num_computed + num_new_tokens + num_lookahead_tokens
+        if need > self.max_model_len:
+            need = self.max_model_len
+        num_new_blocks = -(-need // bs) - len(blocks)
+        if num_new_blocks > 0:
+            if num_new_blocks > self.pool._num_free:
+                return None
+            new_blocks = self.pool.get_new_blocks(num_new_blocks)
+            blocks.extend(new_blocks)
+        else:
+            new_blocks = []
+        if self.enable_caching:
+            rid = req.request_id
+            num_full = min(num_computed + num_new_tokens, req.num_tokens) // bs
+            cached = self.num_cached_block[rid]
+            if num_full > cached:
+                self.pool.cache_full_blocks(blocks, req.block_hashes, cached, num_full,
+                                            req.all_token_ids if self.debug else None, bs)
+                self.num_cached_block[rid] = num_full
+        return new_blocks
+
     def free(self, req) -> None:
         """Return all of ``req``'s blocks, tail block first (B6)."""
         blocks = self.req_to_blocks.pop(req.request_id, None)
@@ -153,6 +187,7 @@ class KVCacheManager:
         writes into a shared, partially filled block, that writer gets a copy
         (see ``_copy_on_write``).
         """
+        self._any_forks = True
         blocks = list(self.req_to_blocks.get(parent.request_id, ()))
         ref = self.pool.ref_cnt
         for b in blocks:

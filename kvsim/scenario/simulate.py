@@ -38,18 +38,21 @@ class Result:
         return out
 
 
-def simulate(scenario, *, trace=None, overrides=None) -> Result:
+def simulate(scenario, *, trace=None, overrides=None, fast_path: bool = True) -> Result:
     """Run one scenario (a ``LoadedScenario``, a mapping, or a YAML path).
 
     ``trace``, if given, is called with one dict per engine step (the
     ``--trace`` format). Same scenario and seed give identical results.
+    ``fast_path=False`` simulates every step one by one (the reference path;
+    the fast path skips ahead over runs of identical decode steps and gives
+    the same results).
     """
     sc = scenario if isinstance(scenario, LoadedScenario) else load_scenario(scenario, overrides=overrides)
     rng = np.random.default_rng(sc.seed)
     workload = build_workload(sc.workload, rng=rng, base_dir=sc.base_dir)
     engine = run_engine(workload.requests(), sc.sched_config, scheduler=sc.scheduler,
                         cost_model=sc.cost_model, trace=trace,
-                        concurrency=workload.concurrency)
+                        concurrency=workload.concurrency, fast_path=fast_path)
     return collect_result(engine, sc)
 
 
@@ -85,9 +88,7 @@ def requests_frame(done: list[Request]) -> pd.DataFrame:
 
 
 def steps_frame(engine: Engine) -> pd.DataFrame:
-    if not engine.steps:
-        return pd.DataFrame({c: [] for c in STEP_COLUMNS})
-    return pd.DataFrame(engine.steps, columns=STEP_COLUMNS)
+    return pd.DataFrame(engine.steps.columns, columns=STEP_COLUMNS)
 
 
 def itl_seconds(done: list[Request]) -> np.ndarray:

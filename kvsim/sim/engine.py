@@ -13,18 +13,20 @@ before a step's start time is in the queue when that step is scheduled.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
 import simpy
-from simpy.core import URGENT
+from simpy.core import NORMAL, URGENT
 from simpy.events import Event
 
 from kvsim.cost.base import BatchShape, CostModel
 from kvsim.sched.base import Scheduler, StepPlan
 from kvsim.sched.request import Request, RequestStatus
+from kvsim.sim.fast import apply_decode_run, plan_decode_run
 from kvsim.workload.request import RequestSpec
 
 
@@ -38,20 +40,41 @@ class _ArrivalTimeout(Event):
         env.schedule(self, URGENT, delay)
 
 
-@dataclass(frozen=True)
-class StepRecord:
-    step: int
-    start_time_s: float
-    duration_s: float
-    num_prefill_tokens: int
-    num_decode_tokens: int
-    num_scheduled_reqs: int
-    num_running: int
-    num_waiting: int
-    num_preempted: int
-    num_finished: int
-    num_free_blocks: int
-    kv_cache_usage: float
+class _AtTime(Event):
+    """An event at an absolute time (not now + delay, which may round differently).
+
+    The fast path computes step boundaries by left-to-right accumulation, as the
+    step path's successive timeouts do; landing exactly on the last boundary
+    keeps the two paths bit-identical. Uses SimPy's event queue directly.
+    """
+
+    def __init__(self, env: simpy.Environment, at: float) -> None:
+        super().__init__(env)
+        self._ok = True
+        self._value = None
+        heapq.heappush(env._queue, (at, NORMAL, next(env._eid), self))
+
+
+class StepLog:
+    """Per-step records, kept as columns (cheap to append, cheap to tabulate)."""
+
+    COLUMNS = ("step", "start_time_s", "duration_s", "num_prefill_tokens", "num_decode_tokens",
+               "num_scheduled_reqs", "num_running", "num_waiting", "num_preempted",
+               "num_finished", "num_free_blocks", "kv_cache_usage")
+
+    def __init__(self) -> None:
+        self.columns: dict[str, list] = {c: [] for c in self.COLUMNS}
+
+    def __len__(self) -> int:
+        return len(self.columns["step"])
+
+    def append(self, *values) -> None:
+        for col, v in zip(self.columns.values(), values):
+            col.append(v)
+
+    def extend(self, **cols) -> None:
+        for name, values in cols.items():
+            self.columns[name].extend(values)
 
 
 class Engine:
@@ -66,7 +89,7 @@ class Engine:
                  make_request: Callable[[RequestSpec, int, float], Request],
                  check_request: Callable[[Request], str],
                  trace: Callable[[dict], None] | None = None,
-                 concurrency: int | None = None) -> None:
+                 concurrency: int | None = None, fast_path: bool = True) -> None:
         self.env = simpy.Environment()
         self.scheduler = scheduler
         self.cost_model = cost_model
@@ -74,7 +97,9 @@ class Engine:
         self.check_request = check_request
         self.trace = trace
         self.concurrency = concurrency
-        self.steps: list[StepRecord] = []
+        self.fast_path = fast_path
+        self.num_fast_steps = 0
+        self.steps = StepLog()
         self.done: list[Request] = []            # finished or failed, in order
         self.num_arrived = 0
         self._wake: Event | None = None
@@ -134,6 +159,13 @@ class Engine:
                 self._wake = None
                 continue
             start = env.now
+            if self.fast_path:
+                run = plan_decode_run(sched, self.cost_model, start, env.peek())
+                if run is not None:
+                    yield _AtTime(env, float(run.times[-1]))
+                    apply_decode_run(sched, run)
+                    self._record_run(run)
+                    continue
             plan = sched.schedule()
             for req, _, _ in plan.scheduled:
                 if math.isnan(req.scheduled_time):
@@ -226,10 +258,10 @@ class Engine:
                 prefill += n
         running, waiting = sched.get_request_counts()
         kv = sched.kv
-        self.steps.append(StepRecord(
+        self.steps.append(
             len(self.steps), start, duration, prefill, decode, len(plan.scheduled),
             running, waiting, len(plan.preempted), len(finished),
-            kv.get_num_free_blocks(), kv.usage))
+            kv.get_num_free_blocks(), kv.usage)
         if self.trace is not None:
             self.trace({
                 "step": len(self.steps) - 1,
@@ -243,6 +275,27 @@ class Engine:
                 "prefix_hit_tokens": dict(plan.prefix_hit_tokens),
                 "resume_hit_tokens": dict(plan.resume_hit_tokens),
             })
+
+    def _record_run(self, run) -> None:
+        sched = self.scheduler
+        k, b = run.num_steps, len(sched.running)
+        first = len(self.steps)
+        free = run.free_after.tolist()
+        usable = sched.kv.num_usable_blocks
+        self.steps.extend(
+            step=range(first, first + k), start_time_s=run.times[:-1].tolist(),
+            duration_s=run.durations.tolist(), num_prefill_tokens=[0] * k,
+            num_decode_tokens=[b] * k, num_scheduled_reqs=[b] * k, num_running=[b] * k,
+            num_waiting=[0] * k, num_preempted=[0] * k, num_finished=[0] * k,
+            num_free_blocks=free, kv_cache_usage=[1.0 - f / usable for f in free])
+        self.num_fast_steps += k
+        if self.trace is not None:
+            scheduled = {r.request_id: 1 for r in sched.running}
+            for j in range(k):
+                self.trace({"step": first + j, "start_time": float(run.times[j]),
+                            "scheduled": dict(scheduled), "preempted": [], "finished": [],
+                            "num_free_blocks": free[j], "num_running": b, "num_waiting": 0,
+                            "prefix_hit_tokens": {}, "resume_hit_tokens": {}})
 
     def _progress_possible(self) -> bool:
         running, waiting = self.scheduler.get_request_counts()

@@ -45,7 +45,7 @@ def request_problem(req: Request, config: SchedulerConfig) -> str:
 def run_engine(specs: Iterable[RequestSpec], config: SchedulerConfig, *,
                scheduler: str = "chunked", cost_model: CostModel | None = None,
                trace: Callable[[dict], None] | None = None,
-               concurrency: int | None = None) -> Engine:
+               concurrency: int | None = None, fast_path: bool = True) -> Engine:
     """Simulate ``specs`` on one engine; returns the engine with its records."""
     sched = make_scheduler(scheduler, config)
 
@@ -55,6 +55,6 @@ def run_engine(specs: Iterable[RequestSpec], config: SchedulerConfig, *,
 
     engine = Engine(sched, cost_model or ConstantCostModel(1.0), make_request=make,
                     check_request=lambda r: request_problem(r, config),
-                    trace=trace, concurrency=concurrency)
+                    trace=trace, concurrency=concurrency, fast_path=fast_path)
     engine.run(specs)
     return engine

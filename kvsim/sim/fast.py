@@ -1,0 +1,143 @@
+"""The fast path: a run of identical decode steps, simulated in one go.
+
+While every running request only decodes, nothing waits, no request finishes
+and no arrival is due, consecutive steps of the ``chunked`` scheduler differ
+only in their context lengths: each schedules one token per running request,
+in running order, and allocates a block when a request crosses a block
+boundary. So instead of K trips through ``schedule()``, the cost model, SimPy
+and ``update_from_output()``, kvsim computes the K step times at once
+(``CostModel.decode_step_times``) and applies the K steps' effects in bulk, in
+exactly the order the step path would (block pops in (step, running index)
+order, block hashing likewise), so every later decision is unchanged.
+
+The run stops *before* any step that could differ:
+
+* the step in which some request emits its last token (it finishes and frees
+  blocks — left to the step path);
+* the first step that would need more blocks than are free (a preemption);
+* the first step that starts at or after the next arrival or release (the
+  new request must be visible to it).
+
+``tests/test_fast_path.py`` runs scenarios both ways and compares them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvsim.sched.chunked import ChunkedScheduler
+
+MIN_RUN_STEPS = 2
+
+
+@dataclass
+class DecodeRun:
+    """K decode steps of the same B requests, starting at ``times[0]``."""
+
+    times: np.ndarray        # K + 1 step boundaries: start of step 1 .. end of step K
+    durations: np.ndarray    # K step times
+    free_after: np.ndarray   # free blocks at the end of each step
+    events: list             # (step, request index, block position) block allocations, in order
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.durations)
+
+
+def plan_decode_run(sched, cost_model, now: float, next_event_time: float) -> DecodeRun | None:
+    """The longest run of identical decode steps that starts now, or None."""
+    if type(sched) is not ChunkedScheduler or len(sched.waiting):
+        return None
+    running = sched.running
+    num_seqs = len(running)
+    if num_seqs == 0 or num_seqs > sched.config.max_num_batched_tokens:
+        return None
+    if next_event_time <= now:
+        return None
+    bs = sched.kv.block_size
+    blocks_of = sched.kv.req_to_blocks
+    computed_l, remaining_l, held_l = [], [], []
+    min_remaining = 1 << 62
+    for r in running:
+        c = r.num_computed_tokens
+        out = r.num_output_tokens
+        if out == 0 or r.prompt_len + out - c != 1:
+            return None                       # a prefill chunk is pending
+        rem = r.final_num_tokens - r.prompt_len - out
+        if rem < min_remaining:
+            min_remaining = rem
+            if rem - 1 < MIN_RUN_STEPS:
+                return None                   # a request finishes too soon
+        computed_l.append(c)
+        remaining_l.append(rem)
+        held_l.append(len(blocks_of[r.request_id]))
+    # Stop before the first step in which a request emits its last token.
+    max_steps = min_remaining - 1
+    computed = np.array(computed_l, dtype=np.int64)
+    held = np.array(held_l, dtype=np.int64)
+
+    # Step times, accumulated left to right exactly as the clock would; a step
+    # may start only strictly before the next arrival.
+    ctx_sums = computed.sum() + num_seqs * np.arange(max_steps, dtype=np.int64)
+    durations = np.asarray(cost_model.decode_step_times(num_seqs, ctx_sums), dtype=float)
+    times = np.cumsum(np.concatenate(([now], durations)))
+    k = min(max_steps, int(np.searchsorted(times[:max_steps], next_event_time, side="left")))
+    if k < MIN_RUN_STEPS:
+        return None
+
+    # Block allocations: request i needs a new block at step s (1-based) when
+    # the token it computes, computed + s - 1, lies past the blocks it holds.
+    ks = np.arange(1, k + 1, dtype=np.int64)
+    need = -(-(computed[:, None] + ks[None, :]) // bs)            # blocks required after step s
+    prev = np.maximum(np.concatenate([held[:, None], need[:, :-1]], axis=1), held[:, None])
+    new = need - prev                                             # 1 where a block is taken, else <= 0
+    cum = np.cumsum((new > 0).sum(axis=0))
+    free0 = sched.kv.get_num_free_blocks()
+    if cum[-1] > free0:
+        k = int(np.argmax(cum > free0))                           # stop before the step that preempts
+        if k < MIN_RUN_STEPS:
+            return None
+    step_idx, req_idx = np.nonzero(new[:, :k].T > 0)              # sorted by (step, request)
+    events = list(zip(step_idx.tolist(), req_idx.tolist()))
+    return DecodeRun(times[:k + 1], durations[:k], free0 - cum[:k], events)
+
+
+def apply_decode_run(sched, run: DecodeRun) -> None:
+    """Apply the run's effects to the scheduler's state, as K steps would."""
+    kv = sched.kv
+    pool = kv.pool
+    running = sched.running
+    k = run.num_steps
+    if run.events:
+        popped = pool.get_new_blocks(len(run.events))
+        blocks_of = kv.req_to_blocks
+        for block, (_, i) in zip(popped, run.events):
+            blocks_of[running[i].request_id].append(block)
+    token_times = run.times[1:].tolist()
+    cached = kv.num_cached_block
+    bs = kv.block_size
+    caching = kv.enable_caching
+    # Blocks filled during the run are hashed in (step, running index) order,
+    # as the step path hashes them at schedule time.
+    fills = []
+    for i, r in enumerate(running):
+        c = r.num_computed_tokens
+        if caching:
+            first_full = (c + 1) // bs
+            last_full = (c + k) // bs
+            for full in range(max(first_full, cached[r.request_id] + 1), last_full + 1):
+                fills.append((full * bs - c, i, full))
+        r.num_computed_tokens = c + k
+        r.num_output_tokens += k
+        r.token_times.extend(token_times)
+    if fills:
+        fills.sort()
+        debug_tokens = kv.debug
+        for _, i, full in fills:
+            r = running[i]
+            rid = r.request_id
+            pool.cache_full_blocks(kv.req_to_blocks[rid], r.block_hashes, cached[rid], full,
+                                   r.all_token_ids if debug_tokens else None, bs)
+            cached[rid] = full
