@@ -69,9 +69,6 @@ def test_one_request_prefills_then_decodes_one_token_per_step():
     assert res.summary["mean_ttft_ms"] == 1000.0 and res.summary["mean_e2el_ms"] == 5000.0
 
 
-@pytest.mark.xfail(strict=True, reason="sim/engine.py: simpy.Environment() starts at int 0, so a "
-                   "request scheduled at t=0 gets scheduled_time_s == 0 (int) and the column is "
-                   "int64 when every request starts at 0; the trace writes start_time 0, not 0.0")
 def test_time_columns_are_floats_even_when_everything_happens_at_zero():
     res = kvsim.simulate(scenario(fixed(1, prompt=10, output=5)))
     assert res.requests.scheduled_time_s.dtype == np.float64
@@ -207,10 +204,6 @@ def test_closed_loop_keeps_at_most_concurrency_requests_in_flight():
     assert (res.steps.num_running + res.steps.num_waiting).max() <= 2
 
 
-@pytest.mark.xfail(strict=True, reason="sim/engine.py: a request released at time t (closed loop, or "
-                   "a session turn with think_time_s 0) misses the step that starts at t: the "
-                   "release is an URGENT event queued after the engine already planned its "
-                   "post-finish flush step, so it is scheduled one step late")
 def test_a_closed_loop_release_is_visible_to_the_step_starting_at_its_arrival():
     wl = fixed(4, prompt=5, output=3, arrival={"type": "closed_loop", "concurrency": 2})
     res = kvsim.simulate(scenario(wl))

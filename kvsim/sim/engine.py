@@ -90,7 +90,7 @@ class Engine:
                  check_request: Callable[[Request], str],
                  trace: Callable[[dict], None] | None = None,
                  concurrency: int | None = None, fast_path: bool = True) -> None:
-        self.env = simpy.Environment()
+        self.env = simpy.Environment(initial_time=0.0)
         self.scheduler = scheduler
         self.cost_model = cost_model
         self.make_request = make_request
@@ -219,6 +219,10 @@ class Engine:
             self._parked.setdefault(dep, []).append(spec)
 
     def _schedule_release(self, spec: RequestSpec, at: float) -> None:
+        if at <= self.env.now:
+            # Due now: it must be visible to the step that starts now.
+            self._admit(spec, self.env.now)
+            return
         self._num_pending_releases += 1
 
         def release(_event, spec=spec, at=at):
