@@ -88,7 +88,7 @@ def test_roofline_gemm_is_max_of_compute_and_memory_time():
     for tokens in (1, 4096):
         flops = 2.0 * tokens * k * n
         nbytes = (k * n + tokens * (k + n)) * 2
-        expected = max(flops / (312e12 * 0.70), nbytes / (2039e9 * 0.80))
+        expected = max(flops / (312e12 * 0.75), nbytes / (2039e9 * 0.80))
         assert cm._op_time(op, tokens, tokens) == pytest.approx(80 * expected, rel=1e-12)
 
 
@@ -96,7 +96,7 @@ def test_roofline_allreduce_is_ring_formula():
     cm = roofline(tp=4)
     tokens = 1000
     nbytes = tokens * 8192 * 2
-    per_call = 2 * 3 / 4 * nbytes / (300e9 * 0.70) + 25e-6
+    per_call = 2 * 3 / 4 * nbytes / (300e9 * 0.65) + 25e-6
     assert cm._allreduce_time(tokens) == pytest.approx(2 * 80 * per_call, rel=1e-12)
     assert roofline(tp=1)._allreduce_time(tokens) == 0.0
 
