@@ -90,3 +90,35 @@ def test_prompt_ending_on_a_one_token_chunk_gets_its_first_token_time():
     assert fast.requests["first_token_time_s"].notna().all()
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
     pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
+
+
+def test_streaming_metrics_match_the_full_tables():
+    sc = CASES["prefix_hits_and_chunking"]
+    full = kvsim.simulate(sc)
+    streamed = kvsim.simulate(sc, streaming=True)
+    assert streamed.requests.empty
+    for key, value in full.summary.items():
+        got = streamed.summary[key]
+        if key.startswith(("p90_", "p99_", "median_")):
+            assert got == pytest.approx(value, rel=0.005), key   # log-histogram percentiles
+        elif isinstance(value, float):
+            assert got == pytest.approx(value, rel=1e-9, nan_ok=True), key
+        else:
+            assert got == value, key
+
+
+def test_streaming_flushes_in_chunks_without_losing_requests_or_steps():
+    from kvsim.scenario.loader import load_scenario
+    from kvsim.scenario.simulate import StreamingSink
+    from kvsim.sim.run import run_engine
+    from kvsim.workload import build_workload
+    sc = load_scenario(CASES["prefix_hits_and_chunking"])
+    full = kvsim.simulate(sc)
+    wl = build_workload(sc.workload, rng=np.random.default_rng(sc.seed), base_dir=sc.base_dir)
+    sink = StreamingSink(None)
+    seen_steps = []
+    original = sink.add_steps
+    sink.add_steps = lambda cols: (seen_steps.extend(cols["step"]), original(cols))
+    run_engine(wl.requests(), sc.sched_config, cost_model=sc.cost_model, sink=sink, flush_every=7)
+    assert sink.stats.completed == full.summary["completed"]
+    assert seen_steps == list(range(len(full.steps)))

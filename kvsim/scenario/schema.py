@@ -71,6 +71,10 @@ class SloSection(_Section):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
+class MetricsSection(_Section):
+    streaming: bool = Field(False, description="keep no per-request/per-step tables; bounded-memory summary")
+
+
 class Scenario(_Section):
     name: str = "scenario"
     description: str = ""
@@ -81,6 +85,7 @@ class Scenario(_Section):
     cost_model: dict[str, Any] = Field(default_factory=lambda: {"type": "roofline"})
     workload: dict[str, Any] = Field(default_factory=dict)
     slo: SloSection = SloSection()
+    metrics: MetricsSection = MetricsSection()
     sweep: dict[str, Any] | None = None
     # Not part of the YAML: where relative paths in it resolve.
     base_dir: str = Field(".", exclude=True)

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.metrics.schema import REQUEST_COLUMNS, STEP_COLUMNS
+from kvsim.metrics.streaming import StreamingStats
 from kvsim.metrics.summary import summarize
 from kvsim.scenario.loader import LoadedScenario, load_scenario
 from kvsim.sched.request import Request, RequestStatus
@@ -38,22 +39,51 @@ class Result:
         return out
 
 
-def simulate(scenario, *, trace=None, overrides=None, fast_path: bool = True) -> Result:
+def simulate(scenario, *, trace=None, overrides=None, fast_path: bool = True,
+             streaming: bool | None = None) -> Result:
     """Run one scenario (a ``LoadedScenario``, a mapping, or a YAML path).
 
     ``trace``, if given, is called with one dict per engine step (the
     ``--trace`` format). Same scenario and seed give identical results.
     ``fast_path=False`` simulates every step one by one (the reference path;
     the fast path skips ahead over runs of identical decode steps and gives
-    the same results).
+    the same results). ``streaming=True`` (or ``metrics: {streaming: true}``
+    in the scenario) keeps no per-request or per-step tables: the summary is
+    accumulated in bounded memory (percentiles within 0.5%), for very long runs.
     """
     sc = scenario if isinstance(scenario, LoadedScenario) else load_scenario(scenario, overrides=overrides)
     rng = np.random.default_rng(sc.seed)
     workload = build_workload(sc.workload, rng=rng, base_dir=sc.base_dir)
+    if streaming is None:
+        streaming = sc.scenario.metrics.streaming
+    sink = StreamingSink(sc.scenario.slo.as_dict() or None) if streaming else None
     engine = run_engine(workload.requests(), sc.sched_config, scheduler=sc.scheduler,
                         cost_model=sc.cost_model, trace=trace,
-                        concurrency=workload.concurrency, fast_path=fast_path)
+                        concurrency=workload.concurrency, fast_path=fast_path, sink=sink)
+    if sink is not None:
+        summary = sink.stats.summary(num_gpu_blocks=sc.sched_config.num_gpu_blocks)
+        summary = {"scenario": sc.name, "scheduler": sc.scheduler, **summary}
+        return Result(summary, requests_frame([]), steps_frame(engine), np.zeros(0), sc)
     return collect_result(engine, sc)
+
+
+class StreamingSink:
+    """Feeds finished requests and step records into ``StreamingStats`` and forgets them."""
+
+    def __init__(self, slo: dict | None) -> None:
+        self.stats = StreamingStats(slo=slo)
+
+    def add_done(self, done: list[Request]) -> None:
+        if not done:
+            return
+        self.stats.add_requests(requests_frame(done))
+        itl = itl_seconds(done)
+        if len(itl):
+            self.stats.add_itl(itl)
+
+    def add_steps(self, columns: dict) -> None:
+        if columns["step"]:
+            self.stats.add_steps(columns)
 
 
 def collect_result(engine: Engine, sc: LoadedScenario | None) -> Result:

@@ -62,11 +62,16 @@ class StepLog:
                "num_scheduled_reqs", "num_running", "num_waiting", "num_preempted",
                "num_finished", "num_free_blocks", "kv_cache_usage")
 
-    def __init__(self) -> None:
+    def __init__(self, first_step: int = 0) -> None:
         self.columns: dict[str, list] = {c: [] for c in self.COLUMNS}
+        self.first_step = first_step
 
     def __len__(self) -> int:
         return len(self.columns["step"])
+
+    @property
+    def next_step(self) -> int:
+        return self.first_step + len(self)
 
     def append(self, *values) -> None:
         for col, v in zip(self.columns.values(), values):
@@ -89,7 +94,8 @@ class Engine:
                  make_request: Callable[[RequestSpec, int, float], Request],
                  check_request: Callable[[Request], str],
                  trace: Callable[[dict], None] | None = None,
-                 concurrency: int | None = None, fast_path: bool = True) -> None:
+                 concurrency: int | None = None, fast_path: bool = True,
+                 sink=None, flush_every: int = 20_000) -> None:
         self.env = simpy.Environment(initial_time=0.0)
         self.scheduler = scheduler
         self.cost_model = cost_model
@@ -98,6 +104,12 @@ class Engine:
         self.trace = trace
         self.concurrency = concurrency
         self.fast_path = fast_path
+        # Streaming: hand finished requests and step records to ``sink``
+        # (``add_done(list[Request])``, ``add_steps(columns)``) every
+        # ``flush_every`` items and forget them, so memory stays bounded.
+        self.sink = sink
+        self.flush_every = flush_every
+        self._has_dependents = False
         self.num_fast_steps = 0
         self.steps = StepLog()
         self.done: list[Request] = []            # finished or failed, in order
@@ -127,6 +139,10 @@ class Engine:
             self.env.process(self._arrivals())
         self.env.process(self._engine())
         self.env.run()
+        if self.sink is not None:
+            self.sink.add_done(self.done)
+            self.done = []
+            self._flush_steps()
         stuck = sum(len(v) for v in self._parked.values())
         if stuck:
             raise RuntimeError(f"{stuck} requests wait on requests that never arrived")
@@ -165,6 +181,8 @@ class Engine:
                     yield _AtTime(env, float(run.times[-1]))
                     apply_decode_run(sched, run)
                     self._record_run(run)
+                    if self.sink is not None and len(self.steps) >= self.flush_every:
+                        self._flush_steps()
                     continue
             plan = sched.schedule()
             for req, _, _ in plan.scheduled:
@@ -179,6 +197,8 @@ class Engine:
             yield env.timeout(duration)
             finished = sched.update_from_output(plan, env.now)
             self._record(plan, finished, start, duration)
+            if self.sink is not None and len(self.steps) >= self.flush_every:
+                self._flush_steps()
             for req in finished:
                 self._on_done(req)
             # vLLM runs one more (possibly empty) step after requests finish, to
@@ -212,6 +232,7 @@ class Engine:
             self._wake.succeed()
 
     def _park(self, spec: RequestSpec) -> None:
+        self._has_dependents = True
         dep = spec.after_request_id
         if dep in self._finished_at:
             self._schedule_release(spec, self._finished_at[dep] + spec.think_time_s)
@@ -234,7 +255,11 @@ class Engine:
 
     def _on_done(self, req: Request) -> None:
         self.done.append(req)
-        self._finished_at[req.request_id] = req.finish_time
+        if self._has_dependents:
+            self._finished_at[req.request_id] = req.finish_time
+        if self.sink is not None and len(self.done) >= self.flush_every:
+            self.sink.add_done(self.done)
+            self.done = []
         for spec in self._parked.pop(req.request_id, ()):
             self._schedule_release(spec, req.finish_time + spec.think_time_s)
         if self.concurrency:
@@ -263,12 +288,12 @@ class Engine:
         running, waiting = sched.get_request_counts()
         kv = sched.kv
         self.steps.append(
-            len(self.steps), start, duration, prefill, decode, len(plan.scheduled),
+            self.steps.next_step, start, duration, prefill, decode, len(plan.scheduled),
             running, waiting, len(plan.preempted), len(finished),
             kv.get_num_free_blocks(), kv.usage)
         if self.trace is not None:
             self.trace({
-                "step": len(self.steps) - 1,
+                "step": self.steps.next_step - 1,
                 "start_time": start,
                 "scheduled": {r.request_id: n for r, n, _ in plan.scheduled},
                 "preempted": [r.request_id for r in plan.preempted],
@@ -280,10 +305,14 @@ class Engine:
                 "resume_hit_tokens": dict(plan.resume_hit_tokens),
             })
 
+    def _flush_steps(self) -> None:
+        self.sink.add_steps(self.steps.columns)
+        self.steps = StepLog(first_step=self.steps.next_step)
+
     def _record_run(self, run) -> None:
         sched = self.scheduler
         k, b = run.num_steps, len(sched.running)
-        first = len(self.steps)
+        first = self.steps.next_step
         free = run.free_after.tolist()
         usable = sched.kv.num_usable_blocks
         self.steps.extend(

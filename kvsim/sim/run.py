@@ -45,7 +45,8 @@ def request_problem(req: Request, config: SchedulerConfig) -> str:
 def run_engine(specs: Iterable[RequestSpec], config: SchedulerConfig, *,
                scheduler: str = "chunked", cost_model: CostModel | None = None,
                trace: Callable[[dict], None] | None = None,
-               concurrency: int | None = None, fast_path: bool = True) -> Engine:
+               concurrency: int | None = None, fast_path: bool = True, sink=None,
+               flush_every: int = 20_000) -> Engine:
     """Simulate ``specs`` on one engine; returns the engine with its records."""
     sched = make_scheduler(scheduler, config)
 
@@ -55,6 +56,7 @@ def run_engine(specs: Iterable[RequestSpec], config: SchedulerConfig, *,
 
     engine = Engine(sched, cost_model or ConstantCostModel(1.0), make_request=make,
                     check_request=lambda r: request_problem(r, config),
-                    trace=trace, concurrency=concurrency, fast_path=fast_path)
+                    trace=trace, concurrency=concurrency, fast_path=fast_path, sink=sink,
+                    flush_every=flush_every)
     engine.run(specs)
     return engine
