@@ -362,7 +362,7 @@ def metric_lines(df: pd.DataFrame, x: str, ys: list[str], *, group: str | None =
     (throughput against latency, savings against width, a knob against a rate).
     """
     _require("metric-lines", df, [x, *ys, *([group] if group else [])], "the table")
-    fig, axes = _figure(len(ys), size=(4.6 * len(ys) + 1.0, 4.0))
+    fig, axes = _figure(len(ys), size=(max(7.0, 4.6 * len(ys) + 1.0), 4.0))
     groups = [("", df)] if group is None else [(str(k), part) for k, part in
                                                df.groupby(group, sort=False)]
     for i, (ax, y) in enumerate(zip(axes, ys)):
