@@ -185,21 +185,44 @@ class Layer:
 
 
 def prefill_attention(torch, q, k_new, v_new, k_cached, v_cached):
-    """SDPA of a chunk against its cached context plus itself (bottom-right causal)."""
+    """SDPA of a chunk against its cached context plus itself (bottom-right causal).
+
+    Uses torch's ``causal_lower_right`` bias and ``enable_gqa`` where this
+    torch has them, so a flash/memory-efficient kernel runs (no dense mask,
+    no copies of the KV heads), as in a serving engine.
+    """
     c, hq, d = q.shape
     k = torch.cat([k_cached, k_new], dim=0)
     v = torch.cat([v_cached, v_new], dim=0)
     p = k.shape[0] - c
-    group = hq // k.shape[1]
-    if group > 1:
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
-    qi = torch.arange(c, device=q.device)[:, None]
-    kj = torch.arange(p + c, device=q.device)[None, :]
-    mask = kj <= qi + p
-    out = torch.nn.functional.scaled_dot_product_attention(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask)
+    q4, k4, v4 = (t.transpose(0, 1)[None] for t in (q, k, v))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    try:
+        from torch.nn.attention.bias import causal_lower_right
+        mask = causal_lower_right(c, p + c) if p else None
+        out = sdpa(q4, k4, v4, attn_mask=mask, is_causal=not p, enable_gqa=True)
+    except (ImportError, TypeError, RuntimeError):
+        group = hq // k.shape[1]
+        k4 = k4.repeat_interleave(group, dim=1)
+        v4 = v4.repeat_interleave(group, dim=1)
+        qi = torch.arange(c, device=q.device)[:, None]
+        kj = torch.arange(p + c, device=q.device)[None, :]
+        out = sdpa(q4, k4, v4, attn_mask=kj <= qi + p)
     return out[0].transpose(0, 1)
+
+
+def reference_prefill_attention(torch, q, k_new, v_new, k_cached, v_cached):
+    """Plain-torch softmax attention with an explicit mask (checks ``prefill_attention``)."""
+    c, hq, d = q.shape
+    k = torch.cat([k_cached, k_new], dim=0).float()
+    v = torch.cat([v_cached, v_new], dim=0).float()
+    p = k.shape[0] - c
+    group = hq // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("chd,nhd->hcn", q.float(), k) / math.sqrt(d)
+    keep = torch.arange(p + c)[None, :] <= torch.arange(c)[:, None] + p
+    scores = scores.masked_fill(~keep[None], float("-inf"))
+    return torch.einsum("hcn,nhd->chd", scores.softmax(-1), v).to(q.dtype)
 
 
 # ------------------------------------------------------------------ measurement

@@ -43,7 +43,8 @@ def _paged_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, lens_ptr, out_ptr, scal
     acc = tl.zeros([HEAD_DIM], dtype=tl.float32)
     num_blocks = tl.cdiv(length, BLOCK)
     for b in range(0, num_blocks):
-        block_id = tl.load(table_ptr + seq * stride_ts + b)
+        # int64: block_id * stride overflows 32 bits in caches past 2 GiB
+        block_id = tl.load(table_ptr + seq * stride_ts + b).to(tl.int64)
         tok = b * BLOCK + offs_t
         mask = tok < length
         base = block_id * stride_kb + kv_head * stride_kh

@@ -74,3 +74,14 @@ def test_harness_measure_fit_simulate_on_cpu(tmp_path):
                           gpu=load_gpu(str(out.with_suffix(".gpu.yaml"))))
     expected = cm.step_time(BatchShape.from_lists([int(first["num_prefill_tokens"])], [0]))
     assert first["duration_s"] == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("chunk, context", [(8, 0), (5, 11)])
+def test_harness_prefill_attention_is_bottom_right_causal(chunk, context):
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(chunk, 4, 16, generator=gen)
+    kn, vn = torch.randn(chunk, 2, 16, generator=gen), torch.randn(chunk, 2, 16, generator=gen)
+    kc, vc = torch.randn(context, 2, 16, generator=gen), torch.randn(context, 2, 16, generator=gen)
+    got = harness.prefill_attention(torch, q, kn, vn, kc, vc)
+    want = harness.reference_prefill_attention(torch, q, kn, vn, kc, vc)
+    assert torch.allclose(got, want, atol=1e-5)
