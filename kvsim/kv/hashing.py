@@ -11,7 +11,8 @@ a sequence in one vectorised pass::
     H(prefix of k tokens) = salt + mix(S * K + k)                  (mod 2**64)
     block_hash[i] = H(prefix of (i+1) * block_size tokens)
 
-``mix`` is SplitMix64's finaliser, so nearby token ids spread over all bits.
+``mix`` (a multiply and an xor-shift) spreads nearby token ids over all bits
+before the positional polynomial, so the hash has no simple linear structure.
 ``K`` is odd, so for one length ``S -> H`` is a bijection. The length ``k``
 is mixed in because ``mix(0) == 0``: without it, token 0
 adds nothing to ``S``, so ``[x, y]`` and ``[x, y, 0, 0]`` (and every all-zero
@@ -31,12 +32,8 @@ _powers = np.ones(1, dtype=np.uint64)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    """SplitMix64 finaliser, vectorised (wrapping uint64 arithmetic)."""
-    x = x.astype(np.uint64, copy=True)
-    x ^= x >> np.uint64(30)
-    x *= np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(27)
-    x *= np.uint64(0x94D049BB133111EB)
+    """Multiply-xorshift of each token id (wrapping uint64 arithmetic)."""
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
     x ^= x >> np.uint64(31)
     return x
 
@@ -72,7 +69,8 @@ def block_hashes(token_ids: np.ndarray, block_size: int, cache_salt: str | None 
         return []
     n = num_full * block_size
     with np.errstate(over="ignore"):
-        terms = _mix(np.asarray(token_ids[:n]).astype(np.int64).view(np.uint64)) * _get_powers(n)
+        tokens = np.asarray(token_ids[:n], dtype=np.int64).view(np.uint64)
+        terms = _mix(tokens) * _get_powers(n)
         prefix = np.cumsum(terms, dtype=np.uint64)
         hashes = prefix[block_size - 1::block_size]
         lengths = np.arange(block_size, n + 1, block_size, dtype=np.uint64)

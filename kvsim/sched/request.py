@@ -43,7 +43,8 @@ class Request:
     )
 
     def __init__(self, spec: RequestSpec, index: int, *, block_size: int,
-                 max_model_len: int, arrival_time: float | None = None) -> None:
+                 max_model_len: int, arrival_time: float | None = None,
+                 hash_blocks: bool = True) -> None:
         self.spec = spec
         self.index = index
         self.request_id = spec.request_id
@@ -68,7 +69,9 @@ class Request:
                 fresh = -(index * FRESH_IDS_PER_REQUEST + k + 1)
             outputs = np.concatenate([given, fresh])
         self.all_token_ids = np.concatenate([prompt, outputs])
-        self.block_hashes = block_hashes(self.all_token_ids, block_size, spec.cache_salt)
+        # Without prefix caching nothing ever reads a hash (H3: no lookup, A4: no caching).
+        self.block_hashes = (block_hashes(self.all_token_ids, block_size, spec.cache_salt)
+                             if hash_blocks else [])
         self.num_output_tokens = 0
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1          # set at first admission (S5)

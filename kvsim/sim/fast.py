@@ -39,7 +39,7 @@ class DecodeRun:
     times: np.ndarray        # K + 1 step boundaries: start of step 1 .. end of step K
     durations: np.ndarray    # K step times
     free_after: np.ndarray   # free blocks at the end of each step
-    events: list             # (step, request index, block position) block allocations, in order
+    events: list             # (step, running index) of every block allocation, in pop order
 
     @property
     def num_steps(self) -> int:
@@ -48,18 +48,17 @@ class DecodeRun:
 
 def plan_decode_run(sched, cost_model, now: float, next_event_time: float) -> DecodeRun | None:
     """The longest run of identical decode steps that starts now, or None."""
-    if type(sched) is not ChunkedScheduler or len(sched.waiting):
+    if type(sched) is not ChunkedScheduler or len(sched.waiting) or next_event_time <= now:
         return None
     running = sched.running
     num_seqs = len(running)
     if num_seqs == 0 or num_seqs > sched.config.max_num_batched_tokens:
         return None
-    if next_event_time <= now:
-        return None
     bs = sched.kv.block_size
     blocks_of = sched.kv.req_to_blocks
-    computed_l, remaining_l, held_l = [], [], []
     min_remaining = 1 << 62
+    ctx_sum = 0
+    first_alloc = []             # per request: the step at which it first needs a block
     for r in running:
         c = r.num_computed_tokens
         out = r.num_output_tokens
@@ -70,38 +69,39 @@ def plan_decode_run(sched, cost_model, now: float, next_event_time: float) -> De
             min_remaining = rem
             if rem - 1 < MIN_RUN_STEPS:
                 return None                   # a request finishes too soon
-        computed_l.append(c)
-        remaining_l.append(rem)
-        held_l.append(len(blocks_of[r.request_id]))
+        ctx_sum += c
+        # Step s (1-based) computes token c + s - 1; it needs a new block when
+        # that token lies past the blocks held: c + s - 1 >= held * bs.
+        first_alloc.append(max(1, len(blocks_of[r.request_id]) * bs - c + 1))
     # Stop before the first step in which a request emits its last token.
     max_steps = min_remaining - 1
-    computed = np.array(computed_l, dtype=np.int64)
-    held = np.array(held_l, dtype=np.int64)
 
     # Step times, accumulated left to right exactly as the clock would; a step
     # may start only strictly before the next arrival.
-    ctx_sums = computed.sum() + num_seqs * np.arange(max_steps, dtype=np.int64)
+    ctx_sums = ctx_sum + num_seqs * np.arange(max_steps, dtype=np.int64)
     durations = np.asarray(cost_model.decode_step_times(num_seqs, ctx_sums), dtype=float)
     times = np.cumsum(np.concatenate(([now], durations)))
     k = min(max_steps, int(np.searchsorted(times[:max_steps], next_event_time, side="left")))
     if k < MIN_RUN_STEPS:
         return None
 
-    # Block allocations: request i needs a new block at step s (1-based) when
-    # the token it computes, computed + s - 1, lies past the blocks it holds.
-    ks = np.arange(1, k + 1, dtype=np.int64)
-    need = -(-(computed[:, None] + ks[None, :]) // bs)            # blocks required after step s
-    prev = np.maximum(np.concatenate([held[:, None], need[:, :-1]], axis=1), held[:, None])
-    new = need - prev                                             # 1 where a block is taken, else <= 0
-    cum = np.cumsum((new > 0).sum(axis=0))
+    # Block allocations as (step, running index): one every bs steps from the
+    # first; popped in this order, as the step path pops them.
+    events = [(s, i) for i, s0 in enumerate(first_alloc) for s in range(s0, k + 1, bs)]
+    events.sort()
     free0 = sched.kv.get_num_free_blocks()
-    if cum[-1] > free0:
-        k = int(np.argmax(cum > free0))                           # stop before the step that preempts
+    if len(events) > free0:
+        k = events[free0][0] - 1              # stop before the step that would preempt
         if k < MIN_RUN_STEPS:
             return None
-    step_idx, req_idx = np.nonzero(new[:, :k].T > 0)              # sorted by (step, request)
-    events = list(zip(step_idx.tolist(), req_idx.tolist()))
-    return DecodeRun(times[:k + 1], durations[:k], free0 - cum[:k], events)
+        events = events[:free0]
+        while events and events[-1][0] > k:
+            events.pop()
+    taken = np.zeros(k + 1, dtype=np.int64)
+    for s, _ in events:
+        taken[s] += 1
+    free_after = free0 - np.cumsum(taken)[1:]
+    return DecodeRun(times[:k + 1], durations[:k], free_after, events)
 
 
 def apply_decode_run(sched, run: DecodeRun) -> None:
