@@ -133,6 +133,14 @@ def plot_splitwise(df: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
+def _model_columns(att: pd.DataFrame) -> pd.DataFrame:
+    """Long (phase, model, measured, predicted) rows -> one row per point with both models."""
+    fitted = att[att["model"] == "fitted"].reset_index(drop=True)
+    roof = att[att["model"] == "roofline"].reset_index(drop=True)
+    return pd.DataFrame({"phase": fitted["phase"], "measured_ms": fitted["measured_ms"],
+                         "fitted_ms": fitted["predicted_ms"], "roofline_ms": roof["predicted_ms"]})
+
+
 def write_report(out: Path, *, profile_dir: Path = PROFILE_DIR, figures: bool = True,
                  names: list[str] | None = None, replay: bool = True) -> Path:
     from kvsim.specs.catalog import load_gpu, load_model
@@ -155,7 +163,9 @@ def write_report(out: Path, *, profile_dir: Path = PROFILE_DIR, figures: bool = 
         "",
         "`layer_linear_ops` is one layer's projections, MLP, norms, rope and residual adds "
         "summed at held-out token counts; `qkv`/`o`/`gate_up`/`down` are the single GEMMs. "
-        "Attention rows come from Vidur's A100 table (fitted once, rescaled to other GPUs).",
+        "Attention comes from Vidur's A100 table (fitted once, rescaled to other GPUs), except "
+        "for the `rtx-*` profiles, fitted to LLMServingSim's vLLM 0.19 tables of those GPUs "
+        "(which fuse the residual adds into the norms, so they have no layer sum).",
         "",
         "| profile | layer linear ops fitted | roofline | qkv | o | gate_up | down | prefill attn "
         "fitted | roofline | decode attn fitted | roofline | all-reduce fitted | CPU overhead fitted |",
@@ -267,6 +277,43 @@ def write_report(out: Path, *, profile_dir: Path = PROFILE_DIR, figures: bool = 
         "which are GPU-bound, are within a few percent.",
         "",
     ]
+    # ---- cross-checks of what the shipped profiles extrapolate
+    from kvsim.cost.validation import h100_attention_check, nccl_allreduce_check
+    att = h100_attention_check(load_model, load_gpu)
+    att_sum = error_summary(_model_columns(att), ["phase"])
+    ar = error_summary(nccl_allreduce_check(load_gpu), ["gpu", "tp"])
+    lines += [
+        "## Cross-checks of extrapolated parts",
+        "",
+        "**H100 attention.** The H100 profiles' attention is the A100 fit rescaled by peak "
+        "FLOP/s and HBM bandwidth. The only H100 attention timings published "
+        "(`hf_layerwise_v0`, FlashAttention-2 on contiguous K/V inside Transformers, per rank "
+        "of Llama-3.1-70B at TP4) are a different kernel from vLLM's (no split-KV decode; "
+        "MORE.md: treat as rough), and the rescaled coefficients miss them widely, so H100 "
+        "attention is an extrapolation whose error is not pinned down by these data:",
+        "",
+        "| phase | n | fitted median / p90 APE | roofline median / p90 APE |",
+        "|---|---|---|---|",
+    ]
+    for r in att_sum.itertuples():
+        lines.append(f"| {r.phase} | {int(r.n)} | {_fmt(r.fitted_median_ape)} / {_fmt(r.fitted_p90_ape)} | "
+                     f"{_fmt(r.roofline_median_ape)} / {_fmt(r.roofline_p90_ape)} |")
+    lines += [
+        "",
+        "**All-reduce.** The H100 profiles' all-reduce (fitted to Vidur's DGX NCCL table) and "
+        "the roofline's ring formula against apex_plus NCCL all-reduce timings (fp16, >= 64 KiB, "
+        "one node) on H100 and H200 (the H200 rows use the H100 profiles: same NVLink 4). "
+        "Small messages are where both miss (NCCL's 9-20 µs latency vs 16-39 µs in Vidur's "
+        "table and 25 µs in the catalog).",
+        "",
+        "| GPU | TP | n | fitted median / p90 APE | roofline median / p90 APE |",
+        "|---|---|---|---|---|",
+    ]
+    for r in ar.itertuples():
+        lines.append(f"| {r.gpu} | {r.tp} | {int(r.n)} | {_fmt(r.fitted_median_ape)} / {_fmt(r.fitted_p90_ape)} | "
+                     f"{_fmt(r.roofline_median_ape)} / {_fmt(r.roofline_p90_ape)} |")
+    lines.append("")
+
     if replay:
         import tempfile
 

@@ -101,3 +101,62 @@ def error_summary(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
         out["n"] = len(g)
         return pd.Series(out)
     return df.groupby(by).apply(stats, include_groups=False).reset_index()
+
+
+# ---------------------------------------------------------------- cross-GPU checks
+
+def h100_attention_check(load_model, load_gpu) -> pd.DataFrame:
+    """The H100 profiles' attention (A100 fit, rescaled) against H100 FlashAttention-2 timings.
+
+    ``hf_layerwise_v0/H100/.../Llama-3.1-70B/tp4/attention.csv``: FA2 on
+    contiguous K/V, per rank of Llama-3.1-70B at TP4 (16 query / 2 KV heads).
+    Prefill ``kv_cache_size`` counts the chunk itself; decode ``kv_cache_size``
+    is the batch's total, split evenly. Not a vLLM kernel (no split-KV decode).
+    """
+    from kvsim.cost.fitted import fitted_cost_model, load_profile
+    from kvsim.cost.step_model import decode_attention_layer_time, prefill_attention_layer_time
+
+    df = pd.read_csv(data_root() / "llmservingsim/hf_layerwise_v0/H100/meta-llama/Llama-3.1-70B/tp4/attention.csv")
+    df = df.drop_duplicates(subset=["batch_size", "prefill_chunk_size", "kv_cache_size", "is_prefill"])
+    model, gpu = load_model("llama-3.1-70b"), load_gpu("h100-sxm")
+    profile = dict(load_profile("h100-sxm_llama-2-70b_tp4"), model=model.name)
+    fitted = fitted_cost_model(profile, model, gpu, tp=4)
+    roof = build_cost_model({"type": "roofline"}, model=model, gpu=gpu, tp=4)
+    out = []
+    pre = df[df["is_prefill"]]
+    c = pre["prefill_chunk_size"].to_numpy(float)
+    p = pre["kv_cache_size"].to_numpy(float) - c
+    dec = df[~df["is_prefill"]]
+    n = dec["batch_size"].to_numpy(float)
+    total = dec["kv_cache_size"].to_numpy(float)
+    for name, cm in (("fitted", fitted), ("roofline", roof)):
+        out.append(pd.DataFrame({"phase": "prefill", "model": name,
+                                 "measured_ms": pre["time_stats.attn_prefill.median"].to_numpy(),
+                                 "predicted_ms": prefill_attention_layer_time(
+                                     cm.prefill_attention, cm.shapes, c, p) * 1e3}))
+        out.append(pd.DataFrame({"phase": "decode", "model": name,
+                                 "measured_ms": dec["time_stats.attn_decode.median"].to_numpy(),
+                                 "predicted_ms": decode_attention_layer_time(
+                                     cm.decode_attention, cm.shapes, n, total - n) * 1e3}))
+    return pd.concat(out, ignore_index=True)
+
+
+def nccl_allreduce_check(load_gpu) -> pd.DataFrame:
+    """All-reduce per call (fp16) against apex_plus NCCL timings on H100 and H200 (2/4/8 GPUs)."""
+    from kvsim.cost.fitted import load_profile
+    rows = []
+    for folder, gpu_name in (("H100-SXM-80GB", "h100-sxm"), ("H200-SXM-141GB", "h200")):
+        df = pd.read_csv(data_root() / "apex_plus" / "comm" / folder / "all_reduce.csv")
+        df = df[(df["dtype"] == "half") & (df["num_nodes"] == 1) & (df["size(kb)"] >= 64)]
+        gpu = load_gpu(gpu_name)
+        for r in df.itertuples():
+            tp = int(r.num_gpus_per_node)
+            nbytes = float(getattr(r, "_5")) * 1024
+            ring = 2.0 * (tp - 1) / tp * nbytes
+            row = {"gpu": gpu_name, "tp": tp, "nbytes": nbytes, "measured_ms": float(getattr(r, "_6")) / 1e3}
+            roof_bw = gpu.interconnect_bandwidth_gbps * 1e9 * 0.65
+            row["roofline_ms"] = (ring / roof_bw + gpu.interconnect_latency_us * 1e-6) * 1e3
+            prof = load_profile(f"h100-sxm_llama-2-70b_tp{tp}")["allreduce"] if tp > 1 else None
+            row["fitted_ms"] = (prof["sec_per_byte"] * ring + prof["const_s"]) * 1e3
+            rows.append(row)
+    return pd.DataFrame(rows)
