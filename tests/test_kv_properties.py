@@ -75,24 +75,26 @@ class KVMachine(RuleBasedStateMachine):
         self.waiting: list[FakeReq] = []          # preempted, to be recomputed
         self.counter = 0
         self.prompts: list[list[int]] = []        # earlier sequences, to re-use as prefixes
-        # Model of what a hashed block holds: the whole prefix up to its end.
-        self.prefix_of: dict[int, tuple[int, ...]] = {}
+        # Model of what a hashed block holds: block -> (its hash, the whole prefix up to its end).
+        self.prefix_of: dict[int, tuple[int, tuple[int, ...]]] = {}
         self.bad_evictions: list[str] = []
         self.num_hit_blocks = 0
-        pool_evict = self.pool._evict
+        get_new_blocks = self.pool.get_new_blocks
 
-        def evict(b: int) -> None:
-            # B4: eviction happens only when get_new_blocks pops a block with a hash.
-            if self.pool.ref_cnt[b] != 0:
-                self.bad_evictions.append(f"block {b} evicted with ref_cnt {self.pool.ref_cnt[b]}")
-            holders = [rid for rid, r in self.live.items() if b in self.kv.get_blocks(rid)]
-            if holders:
-                self.bad_evictions.append(f"block {b} evicted while held by {holders}")
-            self.prefix_of.pop(b, None)
-            KVMachine.totals["evictions"] += 1
-            pool_evict(b)
+        def checked_get_new_blocks(num_blocks: int) -> list[int]:
+            # B4: the only eviction is get_new_blocks popping hashed blocks off the head.
+            for b in self.pool.free_queue()[:num_blocks]:
+                if self.pool.block_hash[b] is None:
+                    continue
+                KVMachine.totals["evictions"] += 1
+                if self.pool.ref_cnt[b] != 0:
+                    self.bad_evictions.append(f"block {b} evicted with ref_cnt {self.pool.ref_cnt[b]}")
+                holders = [rid for rid in self.live if b in self.kv.get_blocks(rid)]
+                if holders:
+                    self.bad_evictions.append(f"block {b} evicted while held by {holders}")
+            return get_new_blocks(num_blocks)
 
-        self.pool._evict = evict
+        self.pool.get_new_blocks = checked_get_new_blocks
 
     # ------------------------------------------------------------ helpers
 
@@ -112,10 +114,17 @@ class KVMachine(RuleBasedStateMachine):
         req.tokens.append(token)
 
     def _record_prefixes(self) -> None:
+        # A block (re)hashed since we last looked holds its current holder's prefix.
         for rid, req in self.live.items():
             for i, b in enumerate(self.kv.get_blocks(rid)):
-                if self.pool.block_hash[b] is not None and b not in self.prefix_of:
-                    self.prefix_of[b] = tuple(req.tokens[:(i + 1) * self.bs])
+                h = self.pool.block_hash[b]
+                if h is not None and self.prefix_of.get(b, (None,))[0] != h:
+                    self.prefix_of[b] = (h, tuple(req.tokens[:(i + 1) * self.bs]))
+
+    def _prefix(self, b: int) -> tuple[int, ...]:
+        h, prefix = self.prefix_of[b]
+        assert h == self.pool.block_hash[b], f"block {b} was re-hashed unseen"
+        return prefix
 
     def _admit(self, req: FakeReq, token: int):
         before = self._snapshot()
@@ -126,7 +135,7 @@ class KVMachine(RuleBasedStateMachine):
         for i, b in enumerate(hits):
             # Every hit holds exactly the request's tokens, and the whole prefix matches.
             assert self.pool.block_tokens[b] == tuple(req.tokens[i * self.bs:(i + 1) * self.bs])
-            assert self.prefix_of[b] == tuple(req.tokens[:(i + 1) * self.bs])
+            assert self._prefix(b) == tuple(req.tokens[:(i + 1) * self.bs])
         self.num_hit_blocks += len(hits)
         n = req.num_tokens - num_hit
         new = self.kv.allocate_slots(req, n, num_hit, hits)
@@ -273,7 +282,7 @@ class KVMachine(RuleBasedStateMachine):
             for i, b in enumerate(blocks):
                 if self.pool.block_hash[b] is None:
                     continue
-                assert self.prefix_of[b] == tuple(req.tokens[:(i + 1) * bs])
+                assert self._prefix(b) == tuple(req.tokens[:(i + 1) * bs])
                 assert self.pool.block_tokens[b] == tuple(req.tokens[i * bs:(i + 1) * bs])
         # The hash map points only at blocks that carry that hash.
         for b in range(1, self.pool.num_gpu_blocks):
