@@ -241,3 +241,48 @@ def test_swap_space_exhaustion_raises_a_clear_error():
     with pytest.raises(RuntimeError, match=r"swap space exhausted: request B needs 2 CPU blocks, "
                                            r"1 free \(raise engine.swap_space\)"):
         d.step()
+
+
+# ------------------------------------------------------- swap traffic through the engine
+
+
+class RecordingCost:
+    """A constant 1 s step that records each step's swap bytes."""
+
+    def __init__(self) -> None:
+        self.swap_bytes: list[int] = []
+
+    def step_time(self, batch) -> float:
+        self.swap_bytes.append(batch.swap_bytes)
+        return 1.0
+
+
+def test_swap_bytes_reach_the_cost_model_in_the_swap_out_and_swap_in_steps():
+    from kvsim.sched.config import SchedulerConfig
+    from kvsim.sim.run import run_engine
+
+    cfg = SchedulerConfig(num_gpu_blocks=5, block_size=4, max_model_len=64,
+                          max_num_batched_tokens=64, preemption_mode="swap", num_cpu_blocks=4,
+                          swap_block_bytes=1000)
+    cost = RecordingCost()
+    engine = run_engine([spec("A", r(1, 6), max_tokens=4), spec("B", r(11, 16), max_tokens=3)],
+                        cfg, scheduler="continuous", cost_model=cost)
+    # Steps as in test_swapped_requests_come_back_before_waiting_ones: out in step 2, in in step 5.
+    assert cost.swap_bytes[:6] == [0, 2000, 0, 0, 2000, 0]
+    assert {q.request_id: q.num_preemptions for q in engine.done} == {"A": 0, "B": 1}
+    assert all(q.status is RequestStatus.FINISHED for q in engine.done)
+
+
+def test_simulate_with_too_little_swap_space_stops_with_the_swap_error():
+    import kvsim
+
+    sc = {"name": "swap", "model": "llama-3.1-8b", "hardware": {"gpu": "h100-sxm"},
+          "engine": {"scheduler": "continuous", "preemption_mode": "swap", "swap_space": 0.0,
+                     "num_gpu_blocks_override": 12, "block_size": 4, "max_model_len": 32},
+          "cost_model": {"type": "constant", "step_time_s": 1.0},
+          "workload": {"num_requests": 4, "arrival": {"type": "all_at_once"},
+                       "prompt_len": {"type": "fixed", "value": 10},
+                       "output_len": {"type": "fixed", "value": 20}}}
+    with pytest.raises(RuntimeError, match=r"swap space exhausted: request r\d needs \d+ CPU blocks, "
+                                           r"0 free \(raise engine.swap_space\)"):
+        kvsim.simulate(sc)
