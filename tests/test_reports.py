@@ -130,3 +130,9 @@ def test_verdict_names_every_failed_check():
 def test_unknown_report_name_is_a_user_error(tmp_path):
     with pytest.raises(ValueError, match="report 'nope' does not exist; allowed: static_vs_continuous"):
         run_reports(["nope"], tmp_path)
+
+
+def test_cli_rejects_an_unknown_report_with_exit_status_2(capsys, tmp_path):
+    from kvsim.cli import main
+    assert main(["report", "nope", "--out", str(tmp_path)]) == 2
+    assert "report 'nope' does not exist" in capsys.readouterr().err
