@@ -12,6 +12,8 @@ from kvsim.cost.features import decode_attention_work, prefill_attention_work, r
 from kvsim.cost.fitted import PROFILE_DIR, load_profile
 from kvsim.specs import list_gpus, list_models, load_gpu, load_model
 
+from calibration.replay import RTX4090  # noqa: E402  (an inline GPU spec, no torch)
+
 LLAMA70 = load_model("llama-2-70b")
 A100 = load_gpu("a100-80gb-sxm")
 H100 = load_gpu("h100-sxm")
@@ -229,3 +231,27 @@ def test_inline_gpu_with_profile_gpu_name_is_accepted():
     cm = build_cost_model({"type": "fitted", "profile": "a100-80gb-pcie_yi-34b_tp2"},
                           model=load_model("yi-34b"), gpu=gpu, tp=2)
     assert cm.step_time(BatchShape.from_lists([1024], [0])) > 0
+
+
+@pytest.mark.parametrize("make", [roofline, fitted,
+                                  lambda: roofline(load_model("deepseek-v2-lite"), H100, 1)],
+                         ids=["roofline", "fitted", "moe"])
+def test_scalar_hot_path_equals_the_array_formula(make):
+    cm = make()
+    for op in cm.shapes.ops:
+        for tokens, sampled in ((1, 1), (37, 3), (2048, 0), (5000, 64)):
+            assert cm._op_time_scalar(op, tokens, sampled) == pytest.approx(
+                cm._op_time(op, tokens, sampled), rel=1e-12)
+
+
+@pytest.mark.parametrize("make", [roofline, fitted,
+                                  lambda: fitted("rtx-4090_llama-3.1-8b_tp1", load_model("llama-3.1-8b"),
+                                                 load_gpu(RTX4090), 1)],
+                         ids=["roofline", "fitted", "fitted-wave"])
+def test_scalar_attention_paths_equal_the_array_formulas(make):
+    cm = make()
+    chunks, contexts = [16, 300, 2048], [8000, 0, 512]
+    assert cm._prefill_attention_time_scalar(chunks, contexts) == pytest.approx(
+        cm._prefill_attention_time(np.array(chunks), np.array(contexts)), rel=1e-12)
+    assert cm._decode_attention_time_scalar(17, 12345.0) == pytest.approx(
+        float(cm._decode_attention_time(17, 12345.0)), rel=1e-12)
