@@ -314,7 +314,7 @@ def test_kv_manager_invariants_hold_under_random_operations():
     assert t["examples"] >= 60 and t["hit_blocks"] > 0 and t["cow_copies"] > 0 and t["evictions"] > 0, t
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(a=st.lists(st.integers(0, 2), max_size=12), b=st.lists(st.integers(0, 2), max_size=12),
        block_size=st.integers(1, 4))
 def test_block_hashes_are_equal_exactly_when_the_prefixes_are_equal(a, b, block_size):

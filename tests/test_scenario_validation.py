@@ -168,6 +168,7 @@ CHOICES = {
     "engine.preemption_mode": ["recompute", "swap", "magic"],
     "engine.watermark": [0.0, 0.05, 1.5],
     "engine.bogus": [1],
+    "engine.debug": [True],                  # check every prefix hit against stored tokens
     "cost_model": [{"type": "constant", "step_time_s": 0.5}, {"type": "roofline"},
                    {"type": "magic"}, {"type": "constant", "step_time_s": -1}],
     "workload.num_requests": [0, 1, 5, 20, -2],
