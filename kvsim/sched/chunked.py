@@ -71,8 +71,11 @@ class ChunkedScheduler:
                 req.first_token_time = now
             if req.is_finished:
                 finished.append(req)
+        return self.finish_requests(finished, now)
+
+    def finish_requests(self, finished: list[Request], now: float) -> list[Request]:
+        """Free finished requests at once, in scheduled order, tail block first (S7, B6)."""
         for req in finished:
-            # Freed at once, in scheduled order, tail block first (S7, B6).
             req.status = RequestStatus.FINISHED
             req.finish_time = now
             self.running.remove(req)

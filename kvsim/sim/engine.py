@@ -179,8 +179,11 @@ class Engine:
                 run = plan_decode_run(sched, self.cost_model, start, env.peek())
                 if run is not None:
                     yield _AtTime(env, float(run.times[-1]))
-                    apply_decode_run(sched, run)
-                    self._record_run(run)
+                    finished = apply_decode_run(sched, run)
+                    self._record_run(run, finished)
+                    for req in finished:
+                        self._on_done(req)
+                    self._reported_finished = bool(finished)
                     if self.sink is not None and len(self.steps) >= self.flush_every:
                         self._flush_steps()
                     continue
@@ -309,26 +312,34 @@ class Engine:
         self.sink.add_steps(self.steps.columns)
         self.steps = StepLog(first_step=self.steps.next_step)
 
-    def _record_run(self, run) -> None:
+    def _record_run(self, run, finished: list[Request]) -> None:
         sched = self.scheduler
-        k, b = run.num_steps, len(sched.running)
+        k = run.num_steps
+        b = len(sched.running) + len(finished)          # batch size during the run
         first = self.steps.next_step
         free = run.free_after.tolist()
+        free[-1] = sched.kv.get_num_free_blocks()        # after the finished were freed
+        running = [b] * k
+        running[-1] = b - len(finished)
+        done = [0] * k
+        done[-1] = len(finished)
         usable = sched.kv.num_usable_blocks
         self.steps.extend(
             step=range(first, first + k), start_time_s=run.times[:-1].tolist(),
             duration_s=run.durations.tolist(), num_prefill_tokens=[0] * k,
-            num_decode_tokens=[b] * k, num_scheduled_reqs=[b] * k, num_running=[b] * k,
-            num_waiting=[0] * k, num_preempted=[0] * k, num_finished=[0] * k,
+            num_decode_tokens=[b] * k, num_scheduled_reqs=[b] * k, num_running=running,
+            num_waiting=[0] * k, num_preempted=[0] * k, num_finished=done,
             num_free_blocks=free, kv_cache_usage=[1.0 - f / usable for f in free])
         self.num_fast_steps += k
         if self.trace is not None:
-            scheduled = {r.request_id: 1 for r in sched.running}
+            scheduled = {rid: 1 for rid in run.request_ids}
             for j in range(k):
+                last = j == k - 1
                 self.trace({"step": first + j, "start_time": float(run.times[j]),
-                            "scheduled": dict(scheduled), "preempted": [], "finished": [],
-                            "num_free_blocks": free[j], "num_running": b, "num_waiting": 0,
-                            "prefix_hit_tokens": {}, "resume_hit_tokens": {}})
+                            "scheduled": dict(scheduled), "preempted": [],
+                            "finished": [r.request_id for r in finished] if last else [],
+                            "num_free_blocks": free[j], "num_running": running[j],
+                            "num_waiting": 0, "prefix_hit_tokens": {}, "resume_hit_tokens": {}})
 
     def _progress_possible(self) -> bool:
         running, waiting = self.scheduler.get_request_counts()

@@ -10,10 +10,10 @@ and ``update_from_output()``, kvsim computes the K step times at once
 exactly the order the step path would (block pops in (step, running index)
 order, block hashing likewise), so every later decision is unchanged.
 
-The run stops *before* any step that could differ:
+The run ends with the step in which some request emits its last token (it
+finishes and frees its blocks, exactly as ``update_from_output`` would), and
+stops *before* any step that could differ:
 
-* the step in which some request emits its last token (it finishes and frees
-  blocks — left to the step path);
 * the first step that would need more blocks than are free (a preemption);
 * the first step that starts at or after the next arrival or release (the
   new request must be visible to it).
@@ -40,6 +40,7 @@ class DecodeRun:
     durations: np.ndarray    # K step times
     free_after: np.ndarray   # free blocks at the end of each step
     events: list             # (step, running index) of every block allocation, in pop order
+    request_ids: list        # the batch, in running (= scheduling) order
 
     @property
     def num_steps(self) -> int:
@@ -67,14 +68,15 @@ def plan_decode_run(sched, cost_model, now: float, next_event_time: float) -> De
         rem = r.final_num_tokens - r.prompt_len - out
         if rem < min_remaining:
             min_remaining = rem
-            if rem - 1 < MIN_RUN_STEPS:
+            if rem < MIN_RUN_STEPS:
                 return None                   # a request finishes too soon
         ctx_sum += c
         # Step s (1-based) computes token c + s - 1; it needs a new block when
         # that token lies past the blocks held: c + s - 1 >= held * bs.
         first_alloc.append(max(1, len(blocks_of[r.request_id]) * bs - c + 1))
-    # Stop before the first step in which a request emits its last token.
-    max_steps = min_remaining - 1
+    # End with the first step in which a request emits its last token: it
+    # finishes, and the batch changes after it.
+    max_steps = min_remaining
 
     # Step times, accumulated left to right exactly as the clock would; a step
     # may start only strictly before the next arrival.
@@ -101,11 +103,16 @@ def plan_decode_run(sched, cost_model, now: float, next_event_time: float) -> De
     for s, _ in events:
         taken[s] += 1
     free_after = free0 - np.cumsum(taken)[1:]
-    return DecodeRun(times[:k + 1], durations[:k], free_after, events)
+    return DecodeRun(times[:k + 1], durations[:k], free_after, events,
+                     [r.request_id for r in running])
 
 
-def apply_decode_run(sched, run: DecodeRun) -> None:
-    """Apply the run's effects to the scheduler's state, as K steps would."""
+def apply_decode_run(sched, run: DecodeRun) -> list:
+    """Apply the run's effects to the scheduler's state, as K steps would.
+
+    Returns the requests that finished in the run's last step, freed as the
+    step path frees them (scheduled order, each request's blocks tail first).
+    """
     kv = sched.kv
     pool = kv.pool
     running = sched.running
@@ -141,3 +148,4 @@ def apply_decode_run(sched, run: DecodeRun) -> None:
             pool.cache_full_blocks(kv.req_to_blocks[rid], r.block_hashes, cached[rid], full,
                                    r.all_token_ids if debug_tokens else None, bs)
             cached[rid] = full
+    return sched.finish_requests([r for r in running if r.is_finished], float(run.times[-1]))
