@@ -218,10 +218,16 @@ def test_any_scenario_fails_validation_clearly_or_accounts_for_every_request(d):
             assert SECTION_PATH.match(line), line
         return
     wl = build_workload(d["workload"], rng=np.random.default_rng(d.get("seed", 0)))
-    arrived = sum(s.n for s in wl.requests())
+    specs = list(wl.requests())
+    arrived = sum(s.n for s in specs)
     req = res.requests
     assert len(req) == arrived
     assert res.summary["completed"] + res.summary["failed"] == arrived
     assert set(req.status) <= {"completed", "failed"}
     assert (req.fail_reason[req.status == "failed"] != "").all()
-    assert (req.num_output_tokens[req.status == "completed"] >= 1).all()
+    # A completed request generated exactly max_tokens, or up to max_model_len.
+    max_model_len = kvsim.load_scenario(copy.deepcopy(d)).sched_config.max_model_len
+    max_tokens = {s.request_id: s.max_tokens for s in specs}
+    for row in req[req.status == "completed"].itertuples():
+        want = min(max_tokens[row.request_id.split("#")[0]], max_model_len - row.num_prompt_tokens)
+        assert row.num_output_tokens == want, row
