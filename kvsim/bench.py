@@ -58,6 +58,7 @@ class Workload:
     size_key: str                 # the scenario key that sets the number of requests
     ratio_requests: int | None    # prefix for the step-path ratio with --quick (None: no ratio)
     ratio_always_prefix: bool = False   # the full step path would take far too long
+    heavy: bool = False           # minutes per run: repeated --heavy-reps times, not --reps
 
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (
@@ -68,15 +69,15 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     Workload("W2", "w2.yaml", "run",
              "Mooncake conversation trace, all 12,031 requests with hash_ids prefix sharing; "
              "Llama-3.1-70B, TP4 on H100, chunked, roofline",
-             "workload.trace.max_requests", 1000),
+             "workload.trace.max_requests", 1000, heavy=True),
     Workload("W3", "w3.yaml", "sweep",
              "100-point sweep of W1's first 2,000 requests: 10 budgets x 5 block sizes x "
              "prefix caching on/off, on all cores",
-             "workload.trace.max_requests", None),
+             "workload.trace.max_requests", None, heavy=True),
     Workload("W4", "w4.yaml", "run",
              "1,000,000 synthetic requests, streaming metrics; Qwen3-1.7B, 1x H100, "
              "Poisson 1000 req/s",
-             "workload.num_requests", 20000, ratio_always_prefix=True),
+             "workload.num_requests", 20000, ratio_always_prefix=True, heavy=True),
 )}
 
 
@@ -95,6 +96,10 @@ TARGETS = (
     Target("W1", "sim_s", 1.0, "s", "simulated in under 1 s on one core"),
     Target("W1", "process_wall_s", 3.0, "s",
            "whole `kvsim run` process (imports, output writing) under 3 s"),
+    # The same two targets in CPU time: on a shared machine wall time includes
+    # waiting for the CPU; CPU time does not (equal to wall on an idle core).
+    Target("W1", "sim_cpu_s", 1.0, "s", "simulation under 1 s of CPU time (load-independent view)"),
+    Target("W1", "process_cpu_s", 3.0, "s", "whole process under 3 s of CPU time (load-independent view)"),
     Target("W3", "process_wall_s", 30.0, "s", "100-point sweep under 30 s on two cores"),
     Target("W4", "peak_rss_mib", 1024.0, "MiB", "peak memory under 1 GiB"),
 )
@@ -102,7 +107,9 @@ TARGETS = (
 # metric key -> (label, unit, format)
 METRICS = {
     "sim_s": ("time inside simulate()", "s", "{:.3f}"),
+    "sim_cpu_s": ("CPU time inside simulate()", "s", "{:.3f}"),
     "process_wall_s": ("whole process wall time", "s", "{:.2f}"),
+    "process_cpu_s": ("whole process CPU time (user + system)", "s", "{:.2f}"),
     "requests_per_s": ("simulated requests per wall second (in simulate)", "req/s", "{:,.0f}"),
     "steps_per_s": ("engine steps per wall second (in simulate)", "steps/s", "{:,.0f}"),
     "us_per_step": ("wall time per engine step", "us", "{:.1f}"),
@@ -147,8 +154,8 @@ def _cli_prefix() -> list[str]:
     return [sys.executable, "-m"]
 
 
-def run_child(cmd: list[str], workdir: Path, *, label: str) -> tuple[float, float, str]:
-    """Run ``cmd`` in a fresh process; its wall time (s), peak RSS (MiB) and log."""
+def run_child(cmd: list[str], workdir: Path, *, label: str) -> tuple[float, float, float]:
+    """Run ``cmd`` in a fresh process; its wall time (s), CPU time (s) and peak RSS (MiB)."""
     log_path = workdir / f"{label}.log"
     with open(log_path, "w") as log:
         t0 = time.perf_counter()
@@ -163,7 +170,8 @@ def run_child(cmd: list[str], workdir: Path, *, label: str) -> tuple[float, floa
     if proc.returncode != 0:
         tail = "\n".join(text.splitlines()[-15:])
         raise RuntimeError(f"kvsim bench: {label} failed (exit {proc.returncode}):\n{tail}")
-    return wall, usage.ru_maxrss / 1024.0, text   # ru_maxrss is in KiB on Linux
+    cpu = usage.ru_utime + usage.ru_stime
+    return wall, cpu, usage.ru_maxrss / 1024.0   # ru_maxrss is in KiB on Linux
 
 
 def size_overrides(w: Workload, requests: int | None) -> list[str]:
@@ -176,11 +184,12 @@ def measure_run(w: Workload, workdir: Path, *, path: str, requests: int | None, 
     out_dir = workdir / f"{label}-out"
     cmd = [*_cli_prefix(), "kvsim.bench", "_child", str(record_file), path,
            "run", str(BENCH_DIR / w.scenario), "--out", str(out_dir), *size_overrides(w, requests)]
-    wall, rss_mib, _ = run_child(cmd, workdir, label=label)
+    wall, cpu, rss_mib = run_child(cmd, workdir, label=label)
     rec = json.loads(record_file.read_text())
     sim_s = rec["sim_s"]
     return {
-        "sim_s": sim_s, "process_wall_s": wall, "peak_rss_mib": rss_mib,
+        "sim_s": sim_s, "sim_cpu_s": rec["sim_cpu_s"], "process_wall_s": wall, "process_cpu_s": cpu,
+        "peak_rss_mib": rss_mib,
         "num_requests": rec["num_requests"], "num_steps": rec["num_steps"],
         "requests_per_s": rec["num_requests"] / sim_s if sim_s > 0 else None,
         "steps_per_s": rec["num_steps"] / sim_s if sim_s > 0 else None,
@@ -194,7 +203,7 @@ def measure_sweep(w: Workload, workdir: Path, *, workers: int, requests: int | N
     out_dir = workdir / f"{label}-out"
     cmd = [*_cli_prefix(), "kvsim", "sweep", str(BENCH_DIR / w.scenario), "--out", str(out_dir),
            "--workers", str(workers), *size_overrides(w, requests)]
-    wall, rss_mib, _ = run_child(cmd, workdir, label=label)
+    wall, cpu, rss_mib = run_child(cmd, workdir, label=label)
     import pandas as pd
     rows = pd.read_csv(out_dir / "results.csv")
     ok = rows[rows["status"] == "ok"]
@@ -203,7 +212,8 @@ def measure_sweep(w: Workload, workdir: Path, *, workers: int, requests: int | N
                            f"see {out_dir / 'results.csv'}")
     num_requests = int((ok["completed"] + ok["failed"]).sum())
     return {
-        "process_wall_s": wall, "peak_rss_mib": rss_mib, "num_requests": num_requests,
+        "process_wall_s": wall, "process_cpu_s": cpu, "peak_rss_mib": rss_mib,
+        "num_requests": num_requests,
         "requests_per_s": num_requests / wall, "points_sim_s_sum": float(ok["wall_time_s"].sum()),
         "num_points": len(ok), "workers": workers,
     }
@@ -239,7 +249,8 @@ def measure_workload(w: Workload, workdir: Path, *, reps: int, quick: bool, requ
         prefix = None
         if quick or w.ratio_always_prefix:
             prefix = w.ratio_requests if requests is None else min(requests, w.ratio_requests)
-        if prefix is None:
+        if prefix is None or prefix == requests:
+            # The repetitions already ran this size on the fast path.
             fast_sim = m.median("sim_s")
             fast_summary = m.reps[0]["summary"]
         else:
@@ -335,9 +346,10 @@ def _run_child(argv: list[str]) -> int:
 
     def simulate(*args, **kwargs):
         kwargs["fast_path"] = path == "fast"
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         result = plain_simulate(*args, **kwargs)
         record["sim_s"] = time.perf_counter() - t0
+        record["sim_cpu_s"] = time.process_time() - c0
         s = result.summary
         record["num_requests"] = int(s["completed"]) + int(s["failed"])
         record["summary"] = s
@@ -399,9 +411,10 @@ def _fmt(metric: str, value) -> str:
 def workload_table(m: Measurement, *, scaled: bool) -> list[str]:
     w = m.workload
     lines = ["| " + " | ".join(REPORT_COLUMNS) + " |", "|" + "---|" * len(REPORT_COLUMNS)]
-    order = (["process_wall_s", "points_sim_s_sum", "num_requests", "requests_per_s", "peak_rss_mib"]
+    order = (["process_wall_s", "process_cpu_s", "points_sim_s_sum", "num_requests", "requests_per_s",
+              "peak_rss_mib"]
              if w.kind == "sweep" else
-             ["sim_s", "process_wall_s", "num_requests", "requests_per_s", "num_steps", "steps_per_s",
+             ["sim_s", "sim_cpu_s", "process_wall_s", "process_cpu_s", "num_requests", "requests_per_s", "num_steps", "steps_per_s",
               "us_per_step", "fast_step_share", "peak_rss_mib"])
     for metric in order:
         vals = m.values(metric)
@@ -429,7 +442,7 @@ def workload_table(m: Measurement, *, scaled: bool) -> list[str]:
 
 
 def render_report(measurements: list[Measurement], *, machine: dict, load_end: tuple, command: str,
-                  reps: int, quick: bool, requests: int | None, commit: str,
+                  reps: int, heavy_reps: int = 1, quick: bool, requests: int | None, commit: str,
                   profile: dict | None, started: str) -> str:
     cores = machine["cores"]
     load1 = machine["loadavg"][0]
@@ -454,7 +467,8 @@ def render_report(measurements: list[Measurement], *, machine: dict, load_end: t
                 f"{load1:.2f} at the start, {load_end[0]:.2f} at the end, on {cores} cores) means "
                 "other processes competed for the CPU, so these times are **pessimistic** (an idle "
                 "machine gives shorter ones).", ""]
-    out += [f"Repetitions: {reps} per workload (median, min, max); each in a fresh process. "
+    out += [f"Repetitions: {reps} of W1, {heavy_reps} of each of W2, W3, W4 (they take minutes "
+            "each); tables give the median, min and max; every run is a fresh process. "
             "Time inside simulate() is the simulation alone (scenario loaded, no output writing); "
             "the whole-process wall time includes interpreter start, imports, loading the trace and "
             "writing summary.json, requests.csv and steps.csv (`kvsim run --out`). Peak memory is "
@@ -547,7 +561,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("workloads", nargs="*", metavar="W", help="W1 W2 W3 W4 (default: all)")
-    p.add_argument("--reps", type=int, default=3, metavar="N", help="repetitions per workload (default 3)")
+    p.add_argument("--reps", type=int, default=3, metavar="N",
+                   help="repetitions of W1 (default 3; see --heavy-reps for the others)")
+    p.add_argument("--heavy-reps", type=int, default=1, metavar="N",
+                   help="repetitions of the workloads that take minutes each (W2, W3, W4; default 1)")
     p.add_argument("--quick", action="store_true",
                    help="step-path ratio on a prefix of each trace (W1: 2,000 requests, W2: 1,000) "
                         "instead of the whole workload")
@@ -566,8 +583,9 @@ def bench_command(args: argparse.Namespace, *, log=print) -> int:
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
         raise ValueError(f"workload {unknown[0]!r}: not a bench workload; allowed: {', '.join(WORKLOADS)}")
-    if args.reps < 1:
-        raise ValueError(f"--reps: expected an integer >= 1, got {args.reps}")
+    for flag, value in (("--reps", args.reps), ("--heavy-reps", args.heavy_reps)):
+        if value < 1:
+            raise ValueError(f"{flag}: expected an integer >= 1, got {value}")
     if args.requests is not None and args.requests < 1:
         raise ValueError(f"--requests: expected an integer >= 1, got {args.requests}")
     workers = args.workers or len(os.sched_getaffinity(0))
@@ -583,11 +601,12 @@ def bench_command(args: argparse.Namespace, *, log=print) -> int:
         for name in names:
             log(f"{name}: {WORKLOADS[name].title}")
             measurements.append(measure_workload(
-                WORKLOADS[name], workdir, reps=args.reps, quick=args.quick, requests=args.requests,
+                WORKLOADS[name], workdir, reps=args.heavy_reps if WORKLOADS[name].heavy else args.reps,
+                quick=args.quick, requests=args.requests,
                 workers=workers, ratio=not args.no_ratio, log=log))
         profile = profile_w1(workdir, requests=args.requests) if args.profile else None
     text = render_report(measurements, machine=machine, load_end=os.getloadavg(), command=command,
-                         reps=args.reps, quick=args.quick, requests=args.requests,
+                         reps=args.reps, heavy_reps=args.heavy_reps, quick=args.quick, requests=args.requests,
                          commit=git_commit(), profile=profile, started=started)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -605,6 +624,8 @@ def _argv_text(args: argparse.Namespace) -> list[str]:
     parts = list(args.workloads)
     if args.reps != 3:
         parts += ["--reps", str(args.reps)]
+    if args.heavy_reps != 1:
+        parts += ["--heavy-reps", str(args.heavy_reps)]
     for flag in ("quick", "no_ratio", "profile"):
         if getattr(args, flag):
             parts.append("--" + flag.replace("_", "-"))

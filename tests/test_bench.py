@@ -1,0 +1,156 @@
+"""``kvsim bench``: the harness runs, its report has every column, and the
+met / not-met column follows the numbers.
+
+The end-to-end test runs W1 and W4 cut to their first 100 requests (each in
+fresh child processes, as the real benchmark does); the judging tests feed
+fake numbers to the report renderer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import pytest
+
+from kvsim import bench
+from kvsim.bench import REPORT_COLUMNS, TARGETS, WORKLOADS, Measurement, judge, render_report
+
+HEADER = "| " + " | ".join(REPORT_COLUMNS) + " |"
+MACHINE = {"cpu": "Test CPU", "cores": 2, "python": "3.11", "numpy": "2.4", "loadavg": (0.5, 0.5, 0.5)}
+
+
+def bench_args(*workloads, **over) -> argparse.Namespace:
+    args = dict(workloads=list(workloads), reps=1, heavy_reps=1, quick=False, no_ratio=False, profile=False,
+                requests=None, workers=None, out="unused.md")
+    args.update(over)
+    return argparse.Namespace(**args)
+
+
+def fake_run(sim_s: float, wall_s: float, rss_mib: float, steps: int = 1000, requests: int = 100,
+             cpu_share: float = 0.5) -> dict:
+    return {"sim_s": sim_s, "sim_cpu_s": cpu_share * sim_s, "process_wall_s": wall_s,
+            "process_cpu_s": cpu_share * wall_s, "peak_rss_mib": rss_mib, "num_requests": requests,
+            "num_steps": steps, "requests_per_s": requests / sim_s, "steps_per_s": steps / sim_s,
+            "us_per_step": 1e6 * sim_s / steps, "fast_step_share": 50.0, "summary": {}}
+
+
+def report(measurements, **over) -> str:
+    kw = dict(machine=MACHINE, load_end=(0.5, 0.5, 0.5), command="kvsim bench", reps=1, quick=False,
+              requests=None, commit="abc1234", profile=None, started="now")
+    kw.update(over)
+    return render_report(measurements, **kw)
+
+
+def target_row(text: str, workload: str, target_text: str) -> str:
+    return next(line for line in text.splitlines()
+                if line.startswith(f"| {workload} | {target_text}"))
+
+
+# ---------------------------------------------------------------- judging
+
+
+def test_judge_value_below_limit_is_met():
+    assert judge(0.99, 1.0) == "met"
+
+
+def test_judge_value_at_limit_is_not_met_and_says_how_far_off():
+    assert judge(1.0, 1.0) == "NOT met (1.00x the target)"
+    assert judge(41.9, 1.0) == "NOT met (41.90x the target)"
+
+
+def test_judge_missing_value_is_not_applicable():
+    assert judge(None, 1.0) == "n/a (not measured)"
+    assert judge(math.nan, 1.0) == "n/a (not measured)"
+
+
+def test_targets_are_the_issues():
+    assert {(t.workload, t.metric, t.limit) for t in TARGETS} == {
+        ("W1", "sim_s", 1.0), ("W1", "process_wall_s", 3.0),
+        ("W1", "sim_cpu_s", 1.0), ("W1", "process_cpu_s", 3.0),
+        ("W3", "process_wall_s", 30.0), ("W4", "peak_rss_mib", 1024.0)}
+
+
+def test_report_marks_each_target_from_the_fake_numbers():
+    w1 = Measurement(WORKLOADS["W1"], reps=[fake_run(0.5, 4.5, 300), fake_run(0.7, 3.5, 300),
+                                            fake_run(0.6, 4.0, 300)])
+    w4 = Measurement(WORKLOADS["W4"], reps=[fake_run(100.0, 110.0, 2048.0)])
+    w3 = Measurement(WORKLOADS["W3"], reps=[{"process_wall_s": 29.0, "peak_rss_mib": 200.0,
+                                             "num_requests": 200_000, "requests_per_s": 6896.0,
+                                             "points_sim_s_sum": 55.0, "num_points": 100,
+                                             "workers": 2}])
+    text = report([w1, w3, w4])
+    assert target_row(text, "W1", "simulated in under 1 s").endswith("| 0.600 s | met |")
+    assert target_row(text, "W1", "whole `kvsim run` process").endswith(
+        "| 4.00 s | NOT met (1.33x the target) |")
+    # CPU time is half the wall time in the fake runs: 0.30 s and 2.00 s.
+    assert target_row(text, "W1", "simulation under 1 s of CPU time").endswith("| 0.300 s | met |")
+    assert target_row(text, "W1", "whole process under 3 s of CPU time").endswith("| 2.00 s | met |")
+    assert target_row(text, "W3", "100-point sweep").endswith("| 29.00 s | met |")
+    assert target_row(text, "W4", "peak memory").endswith("| 2,048 MiB | NOT met (2.00x the target) |")
+
+
+def test_report_workload_table_has_every_column_and_the_spread():
+    w1 = Measurement(WORKLOADS["W1"], reps=[fake_run(0.5, 2.0, 300), fake_run(0.9, 2.5, 310),
+                                            fake_run(0.6, 2.2, 305)])
+    text = report([w1])
+    assert HEADER in text
+    row = next(line for line in text.splitlines() if line.startswith("| time inside simulate() (s)"))
+    assert row == "| time inside simulate() (s) | 0.600 | 0.500 | 0.900 | < 1 s | met |"
+
+
+def test_report_says_not_met_when_the_step_path_summary_differs():
+    w1 = Measurement(WORKLOADS["W1"], reps=[fake_run(0.5, 2.0, 300)],
+                     ratio={"prefix": 2000, "requests": 2000, "fast_sim_s": 0.1, "step_sim_s": 1.5,
+                            "same_summary": False, "step_steps": 10})
+    text = report([w1])
+    assert "| same summary from both paths | NO | — | — | identical | NOT met |" in text
+    assert "(first 2,000 requests; 1.50 s / 0.100 s) | 15.0x |" in text
+
+
+def test_report_flags_a_loaded_machine_as_pessimistic():
+    w1 = Measurement(WORKLOADS["W1"], reps=[fake_run(0.5, 2.0, 300)])
+    assert "pessimistic" not in report([w1])
+    assert "pessimistic" in report([w1], machine={**MACHINE, "loadavg": (3.2, 3.0, 2.9)})
+
+
+def test_scaled_down_report_judges_no_target():
+    w1 = Measurement(WORKLOADS["W1"], reps=[fake_run(5.0, 9.0, 300)])
+    text = report([w1], requests=100)
+    assert "NOT met" not in text
+    assert target_row(text, "W1", "simulated in under 1 s").endswith("| n/a (scaled-down run) |")
+
+
+def test_same_summary_treats_nan_as_equal_and_any_other_difference_as_different():
+    assert bench.same_summary({"a": 1, "b": math.nan}, {"a": 1, "b": math.nan})
+    assert not bench.same_summary({"a": 1.0}, {"a": 1.0 + 1e-12})
+    assert not bench.same_summary({"a": 1}, {"a": 1, "b": 2})
+
+
+def test_unknown_workload_is_a_user_error():
+    with pytest.raises(ValueError, match="W9.*allowed: W1, W2, W3, W4"):
+        bench.bench_command(bench_args("W9"), log=lambda *_: None)
+
+
+# ---------------------------------------------------------------- end to end
+
+
+@pytest.mark.slow
+def test_tiny_w1_and_w4_write_a_full_report(tmp_path):
+    out = tmp_path / "performance.md"
+    lines: list[str] = []
+    status = bench.bench_command(bench_args("W1", "W4", requests=100, out=str(out)), log=lines.append)
+    assert status == 0
+    text = out.read_text()
+    for section in ("## Machine", "## Targets", "## W1:", "## W4:", "## Peer comparison", "## Command"):
+        assert section in text
+    assert text.count(HEADER) == 2
+    for metric in ("time inside simulate() (s)", "CPU time inside simulate() (s)",
+                   "whole process wall time (s)", "whole process CPU time (user + system) (s)",
+                   "simulated requests per wall second", "engine steps per wall second",
+                   "peak memory (RSS of the process) (MiB)", "step-by-step path / fast path"):
+        assert text.count(f"| {metric}") == 2, metric
+    # Both paths give the same summary on these runs (the fast path's promise).
+    assert text.count("| same summary from both paths | yes |") == 2
+    assert "| simulated requests | 100 | 100 | 100 |" in text
+    assert "kvsim bench W1 W4 --reps 1 --requests 100 --out" in text
