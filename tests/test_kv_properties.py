@@ -64,12 +64,13 @@ class KVMachine(RuleBasedStateMachine):
     totals = {"hit_blocks": 0, "cow_copies": 0, "evictions": 0, "examples": 0}
 
     @initialize(block_size=st.integers(2, 4), num_blocks=st.integers(5, 20),
-                alphabet=st.integers(2, 3), lifo=st.booleans())
-    def setup(self, block_size, num_blocks, alphabet, lifo):
+                alphabet=st.integers(2, 3), lifo=st.booleans(),
+                caching=st.sampled_from([True, True, True, False]))
+    def setup(self, block_size, num_blocks, alphabet, lifo, caching=True):
         self.bs = block_size
         self.alphabet = alphabet
         self.kv = KVCacheManager(num_blocks, block_size, max_model_len=64,
-                                 lifo_unhashed=lifo, debug=True)
+                                 enable_caching=caching, lifo_unhashed=lifo, debug=True)
         self.pool = self.kv.pool
         self.live: dict[str, FakeReq] = {}       # requests that hold blocks
         self.waiting: list[FakeReq] = []          # preempted, to be recomputed
