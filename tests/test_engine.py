@@ -229,10 +229,6 @@ def test_session_turns_are_released_think_time_after_the_previous_turn_finishes(
     assert [rows[r].num_cached_tokens for r in ("r0", "r1", "r2")] == [0, 8, 16]
 
 
-@pytest.mark.xfail(strict=True, reason="sim/engine.py: _finished_at is recorded only once "
-                   "_has_dependents is set by the first _park; a request that finished (or failed at "
-                   "arrival) before the first dependent spec was read is never recorded, so its "
-                   "dependent stays parked and run() raises 'requests wait on requests that never arrived'")
 def test_a_turn_whose_dependency_finished_before_it_was_read_is_released(tmp_path):
     path = write_requests(tmp_path / "reqs.jsonl", [
         {"id": "first", "arrival_time": 0.0, "prompt_token_ids": [1, 2, 3], "max_tokens": 2},
@@ -245,8 +241,6 @@ def test_a_turn_whose_dependency_finished_before_it_was_read_is_released(tmp_pat
     assert (res.requests.status == "completed").all()
 
 
-@pytest.mark.xfail(strict=True, reason="sim/engine.py: same bug as above, through sessions: the first "
-                   "session's turn 1 fails at arrival (prompt >= max_model_len) before turn 2 is parked")
 def test_the_next_turn_of_a_failed_first_turn_is_still_accounted_for():
     wl = fixed(2, prompt=130, output=2, sessions={"turns": 2, "think_time_s": 0.1})
     res = kvsim.simulate(scenario(wl))

@@ -23,7 +23,7 @@ from kvsim.specs.capacity import KVCapacity, kv_capacity
 from kvsim.specs.catalog import load_gpu, load_model
 from kvsim.specs.gpu import GPUSpec
 from kvsim.specs.model import ModelSpec
-from kvsim.workload.config import WorkloadConfig, parse_workload_config
+from kvsim.workload.config import WorkloadConfig, parse_workload_config, resolve_path
 
 GIB = 1 << 30
 # vLLM V1 `vllm serve` defaults (kv-semantics D4): (max_num_batched_tokens, max_num_seqs)
@@ -77,6 +77,7 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
         raise ScenarioError(format_validation_error(exc, prefix="workload.")) from None
     except ValueError as exc:
         raise ScenarioError(str(exc)) from None
+    _check_workload_files(workload, base)
     if workload.beam_width > 1:
         raise ScenarioError(
             f"workload.beam_width: got {workload.beam_width}; the engine schedulers serve parallel "
@@ -146,6 +147,24 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
         msg = str(exc)
         raise ScenarioError(msg if msg.startswith("cost_model") else f"cost_model: {msg}") from None
     return LoadedScenario(sc, data, base, model, gpu, tp, capacity, sched_config, cost_model, workload)
+
+
+def _check_workload_files(workload: WorkloadConfig, base: Path) -> None:
+    """Every file the workload names must exist now, before any simulation starts."""
+    paths = []
+    if workload.requests_file is not None:
+        paths.append(("workload.requests_file", workload.requests_file))
+    if workload.trace is not None:
+        paths.append(("workload.trace.path", workload.trace.path))
+    for key in ("prompt_len", "output_len"):
+        length = getattr(workload, key)
+        if getattr(length, "type", None) == "empirical":
+            paths.append((f"workload.{key}.file", length.file))
+    for yaml_path, path in paths:
+        try:
+            resolve_path(path, base, yaml_path=yaml_path)
+        except ValueError as exc:
+            raise ScenarioError(str(exc)) from None
 
 
 def _named(path: str, loader, value, base: Path):

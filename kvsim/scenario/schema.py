@@ -32,7 +32,8 @@ class ScenarioError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    # strict: a YAML "16" or true is not silently taken for 16 (ints still pass for floats).
+    model_config = ConfigDict(extra="forbid", validate_default=True, strict=True)
 
 
 class HardwareSection(_Section):
@@ -110,12 +111,26 @@ def format_validation_error(exc: ValidationError, prefix: str = "") -> str:
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             parent = path.rsplit(".", 1)[0] if "." in path else "the scenario"
-            lines.append(f"{path}: unknown key (not allowed in {parent})")
+            allowed = _allowed_keys(err["loc"][:-1])
+            hint = f"; allowed: {', '.join(allowed)}" if allowed else ""
+            lines.append(f"{path}: unknown key (not allowed in {parent}){hint}")
             continue
         given = err.get("input")
         shown = repr(given) if not isinstance(given, dict) else "a mapping"
         lines.append(f"{path}: got {shown}; {msg}")
     return "\n".join(lines)
+
+
+def _allowed_keys(loc: tuple) -> list[str]:
+    """The keys a section at ``loc`` accepts (for "unknown key" messages)."""
+    model: Any = Scenario
+    for part in loc:
+        field = model.model_fields.get(str(part)) if isinstance(model, type) else None
+        ann = getattr(field, "annotation", None)
+        if not (isinstance(ann, type) and issubclass(ann, BaseModel)):
+            return []
+        model = ann
+    return [k for k in model.model_fields if k != "base_dir"]
 
 
 def set_dotted(d: dict, path: str, value: Any) -> None:

@@ -109,7 +109,6 @@ class Engine:
         # ``flush_every`` items and forget them, so memory stays bounded.
         self.sink = sink
         self.flush_every = flush_every
-        self._has_dependents = False
         self.num_fast_steps = 0
         self.steps = StepLog()
         self.done: list[Request] = []            # finished or failed, in order
@@ -235,7 +234,6 @@ class Engine:
             self._wake.succeed()
 
     def _park(self, spec: RequestSpec) -> None:
-        self._has_dependents = True
         dep = spec.after_request_id
         if dep in self._finished_at:
             self._schedule_release(spec, self._finished_at[dep] + spec.think_time_s)
@@ -258,8 +256,9 @@ class Engine:
 
     def _on_done(self, req: Request) -> None:
         self.done.append(req)
-        if self._has_dependents:
-            self._finished_at[req.request_id] = req.finish_time
+        # Kept for every request: a later turn may name one that finished
+        # (or failed on arrival) before the turn itself was read.
+        self._finished_at[req.request_id] = req.finish_time
         if self.sink is not None and len(self.done) >= self.flush_every:
             self.sink.add_done(self.done)
             self.done = []
