@@ -110,13 +110,13 @@ METRICS = {
     "sim_cpu_s": ("CPU time inside simulate()", "s", "{:.3f}"),
     "process_wall_s": ("whole process wall time", "s", "{:.2f}"),
     "process_cpu_s": ("whole process CPU time (user + system)", "s", "{:.2f}"),
-    "requests_per_s": ("simulated requests per wall second (in simulate)", "req/s", "{:,.0f}"),
+    "requests_per_s": ("simulated requests per wall second (W3: of the sweep, else in simulate)", "req/s", "{:,.0f}"),
     "steps_per_s": ("engine steps per wall second (in simulate)", "steps/s", "{:,.0f}"),
     "us_per_step": ("wall time per engine step", "us", "{:.1f}"),
     "num_steps": ("engine steps", "", "{:,.0f}"),
     "fast_step_share": ("steps taken by the fast path", "%", "{:.1f}"),
     "num_requests": ("simulated requests", "", "{:,.0f}"),
-    "peak_rss_mib": ("peak memory (RSS of the process)", "MiB", "{:,.0f}"),
+    "peak_rss_mib": ("peak memory (RSS of the process; W3: its largest process)", "MiB", "{:,.0f}"),
     "points_sim_s_sum": ("sum of the points' own wall times", "s", "{:.2f}"),
 }
 

@@ -148,7 +148,7 @@ def test_tiny_w1_and_w4_write_a_full_report(tmp_path):
     for metric in ("time inside simulate() (s)", "CPU time inside simulate() (s)",
                    "whole process wall time (s)", "whole process CPU time (user + system) (s)",
                    "simulated requests per wall second", "engine steps per wall second",
-                   "peak memory (RSS of the process) (MiB)", "step-by-step path / fast path"):
+                   "peak memory (RSS of the process; W3: its largest process) (MiB)", "step-by-step path / fast path"):
         assert text.count(f"| {metric}") == 2, metric
     # Both paths give the same summary on these runs (the fast path's promise).
     assert text.count("| same summary from both paths | yes |") == 2
