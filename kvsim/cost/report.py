@@ -337,7 +337,6 @@ def write_report(out: Path, *, profile_dir: Path = PROFILE_DIR, figures: bool = 
         "measurements here; the CPU path (tiny shapes, Triton interpreter) is exercised by "
         "`tests/test_harness.py`.",
         "",
-        f"_Report generated in {time.perf_counter() - started:.1f} s._",
         "",
     ]
     out.parent.mkdir(parents=True, exist_ok=True)
