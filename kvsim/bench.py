@@ -76,8 +76,8 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
              "workload.trace.max_requests", None, heavy=True),
     Workload("W4", "w4.yaml", "run",
              "1,000,000 synthetic requests, streaming metrics; Qwen3-1.7B, 1x H100, "
-             "Poisson 1000 req/s",
-             "workload.num_requests", 20000, ratio_always_prefix=True, heavy=True),
+             "Poisson 1000 req/s, 4 output tokens",
+             "workload.num_requests", 10000, ratio_always_prefix=True, heavy=True),
 )}
 
 
