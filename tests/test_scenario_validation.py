@@ -175,9 +175,7 @@ CHOICES = {
                             {"type": "fixed", "value": "3"}],
     "workload.n": [1, 2, 0],
     "workload.prefix": [{"shared_prompt_tokens": 8, "num_groups": 2}, {"shared_prompt_tokens": -1}],
-    # Only a broken sessions value: a valid one hangs on an engine bug when the first
-    # turn fails at arrival (test_engine.py::test_a_turn_whose_dependency_finished_before_it_was_read_is_released).
-    "workload.sessions": [{"turns": 0}],
+    "workload.sessions": [{"turns": 2, "think_time_s": 0.1}, {"turns": 0}],
     "slo": [{"ttft_ms": 100}, {"ttft_ms": -5}],
 }
 SECTION_PATH = re.compile(r"^(name|seed|model|hardware|engine|cost_model|workload|slo)"
