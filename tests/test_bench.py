@@ -102,10 +102,12 @@ def test_report_workload_table_has_every_column_and_the_spread():
 def test_report_says_not_met_when_the_step_path_summary_differs():
     w1 = Measurement(WORKLOADS["W1"], reps=[fake_run(0.5, 2.0, 300)],
                      ratio={"prefix": 2000, "requests": 2000, "fast_sim_s": 0.1, "step_sim_s": 1.5,
-                            "same_summary": False, "step_steps": 10})
+                            "fast_cpu_s": 0.1, "step_cpu_s": 1.2, "same_summary": False,
+                            "step_steps": 10})
     text = report([w1])
     assert "| same summary from both paths | NO | — | — | identical | NOT met |" in text
-    assert "(first 2,000 requests; 1.50 s / 0.100 s) | 15.0x |" in text
+    assert ("(first 2,000 requests; 1.20 s / 0.100 s; wall: 1.50 s / 0.100 s = 15.0x) | 12.0x |"
+            in text)
 
 
 def test_report_flags_a_loaded_machine_as_pessimistic():
