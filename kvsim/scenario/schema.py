@@ -88,6 +88,7 @@ class Scenario(_Section):
     slo: SloSection = SloSection()
     metrics: MetricsSection = MetricsSection()
     sweep: dict[str, Any] | None = None
+    plan: dict[str, Any] | None = None     # read by `kvsim plan` only (docs/plan.md)
     # Not part of the YAML: where relative paths in it resolve.
     base_dir: str = Field(".", exclude=True)
 
