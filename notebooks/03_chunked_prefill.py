@@ -38,8 +38,8 @@ import os
 
 # CI runs the notebooks with KVSIM_NOTEBOOK_FAST=1: same story, smaller sizes.
 FAST = os.environ.get("KVSIM_NOTEBOOK_FAST") == "1"
-NUM_REQUESTS = 60 if FAST else 300
-CHUNKS = [256, 1024, 4096] if FAST else [256, 512, 1024, 2048, 4096, 8192]
+NUM_REQUESTS = 40 if FAST else 300
+CHUNKS = [256, 4096] if FAST else [256, 512, 1024, 2048, 4096, 8192]
 
 # %%
 # %matplotlib inline

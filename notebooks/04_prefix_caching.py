@@ -31,8 +31,8 @@ import os
 
 # CI runs the notebooks with KVSIM_NOTEBOOK_FAST=1: same story, smaller sizes.
 FAST = os.environ.get("KVSIM_NOTEBOOK_FAST") == "1"
-NUM_TRACE_REQUESTS = 300 if FAST else 1000   # first requests of the Mooncake trace
-NUM_CHAT_REQUESTS = 40 if FAST else 200      # synthetic requests for the last part
+NUM_TRACE_REQUESTS = 200 if FAST else 1000   # first requests of the Mooncake trace
+NUM_CHAT_REQUESTS = 30 if FAST else 200      # synthetic requests for the last part
 
 # %%
 # %matplotlib inline
