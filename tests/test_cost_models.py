@@ -255,3 +255,19 @@ def test_scalar_attention_paths_equal_the_array_formulas(make):
         cm._prefill_attention_time(np.array(chunks), np.array(contexts)), rel=1e-12)
     assert cm._decode_attention_time_scalar(17, 12345.0) == pytest.approx(
         float(cm._decode_attention_time(17, 12345.0)), rel=1e-12)
+
+
+def test_mixed_step_decodes_use_the_mixed_coefficients_and_pure_decodes_do_not():
+    model, gpu = load_model("llama-3.1-8b"), load_gpu(RTX4090)
+    cm = fitted("rtx-4090_llama-3.1-8b_tp1", model, gpu, 1)
+    assert cm.mixed_decode_attention is not None
+    pure = cm._decode_attention_time_scalar(32, 32 * 2048.0)
+    mixed = cm._decode_attention_time_scalar(32, 32 * 2048.0, mixed=True)
+    assert mixed > pure
+    step = cm.step_time(BatchShape.from_lists([256] + [1] * 32, [0] + [2048] * 32))
+    parts = (cm._linear_time(288, 33) + cm._prefill_attention_time_scalar([256], [0]) + mixed
+             + cm._overhead_time(33))
+    assert step == pytest.approx(parts, rel=1e-12)
+    # the fast path (all-decode steps) is untouched by the mixed coefficients
+    assert cm.decode_step_times(32, np.array([32 * 2048]))[0] == pytest.approx(
+        cm.step_time(BatchShape.from_lists([1] * 32, [2048] * 32)), rel=1e-12)

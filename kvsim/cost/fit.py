@@ -342,10 +342,15 @@ def fit_profile(data: pd.DataFrame, *, model, gpu, tp: int = 1, name: str | None
     profile.setdefault("allreduce", {"sec_per_byte": 0.0, "const_s": 0.0})
     profile.setdefault("overhead", {"const_s": 0.0, "sec_per_request": 0.0})
 
+    # ---- mixed prefill + decode attention steps: decodes there cost differently
+    rows = data[data["kind"] == "attention"]
+    if len(rows) and "prefill_attention" in profile and "decode_attention" in profile:
+        parts.append(_fit_mixed_decode(rows, profile, attn_shapes, rl))
+
     # ---- whole-layer steps: validation of the assembled per-layer model
-    rows = data[data["kind"].isin(["layer_step", "attention"])]
-    for kind, krows in rows.groupby("kind"):
-        parts.append(_validate_steps(kind, krows, profile, model, gpu, tp, attn_shapes))
+    rows = data[data["kind"] == "layer_step"]
+    if len(rows):
+        parts.append(_validate_steps("layer_step", rows, profile, model, gpu, tp, attn_shapes))
 
     profile["errors"] = {p.name: p.errors() for p in parts}
     profile["heldout"] = {p.name: p.heldout() for p in parts}
@@ -375,6 +380,32 @@ def _layer_total(op_parts: list, shapes: RankShapes):
         test |= p.test[sel]
     return _Part("layer_linear_ops", xs, tot["measured"], tot["fitted"], tot["roofline"],
                  test, int((~test).sum()))
+
+
+def _fit_mixed_decode(rows, profile, shapes, rl) -> _Part:
+    """Fit the decode part of mixed steps: measured minus the fitted prefill part.
+
+    ``max(floor, b * decode KV bytes) + c + d * decodes`` on the residual, in
+    relative terms of the whole step (vLLM's tables: mixed steps cost ~1.5x
+    the sum of their pure prefill and pure decode parts).
+    """
+    from kvsim.cost.step_model import OpCoefficients as C
+    pc, pp = _num(rows, "prefill_chunk"), _num(rows, "prefill_context")
+    nd, dc = _num(rows, "num_decode"), _num(rows, "decode_context")
+    t = _num(rows, "time_s")
+    test = heldout_mask(len(rows))
+    train = ~test
+    pre = prefill_attention_layer_time(C(**profile["prefill_attention"]), shapes, pc, pp)
+    _, nbytes = decode_attention_work(shapes, nd, nd * dc)
+    design = np.column_stack([nbytes, nd, np.ones_like(t)]) / t[:, None]
+    from kvsim.cost.nnls import nnls
+    x = nnls(design[train], ((t - pre) / t)[train])
+    coef = OpCoefficients(0.0, float(x[0]), float(x[2]), sec_per_token=float(x[1]))
+    profile["mixed_decode_attention"] = _coef_dict(coef)
+    fitted = pre + decode_attention_layer_time(coef, shapes, nd, nd * dc)
+    roof = (prefill_attention_layer_time(rl.prefill_attention, shapes, pc, pp)
+            + decode_attention_layer_time(rl.decode_attention, shapes, nd, nd * dc))
+    return _Part("mixed_attention", pc + nd, t, fitted, roof, test, int(train.sum()))
 
 
 def _validate_steps(kind, rows, profile, model, gpu, tp, attn_shapes) -> _Part:

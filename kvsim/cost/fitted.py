@@ -11,7 +11,8 @@ and overhead replaced by a number fitted to measurements::
       "name": "a100-80gb-sxm_llama-2-70b_tp2",
       "gpu": "a100-80gb-sxm", "model": "llama-2-70b", "tp": 2,
       "ops": {"qkv_proj": {"sec_per_flop": .., "sec_per_byte": .., "const_s": ..}, ...},
-      "prefill_attention": {...}, "decode_attention": {..., "sec_per_seq": ..},
+      "prefill_attention": {...}, "decode_attention": {..., "sec_per_token": ..},
+      "mixed_decode_attention": {...},        # optional: decodes in a step with a prefill
       "allreduce": {"sec_per_byte": .., "const_s": ..},
       "overhead": {"const_s": .., "sec_per_request": ..},
       "sources": [{"part": .., "file": .., "rows": .., "n_rows": ..}, ...],
@@ -134,4 +135,7 @@ def fitted_cost_model(profile: dict, model, gpu, tp: int = 1,
         allreduce=_coef(profile.get("allreduce", {}), CommCoefficients, f"profile {name} allreduce"),
         overhead=_coef(profile.get("overhead", {}), OverheadCoefficients, f"profile {name} overhead"),
         swap_sec_per_byte=1.0 / pcie if pcie > 0 else 0.0,
+        mixed_decode_attention=(_coef(profile["mixed_decode_attention"], OpCoefficients,
+                                      f"profile {name} mixed_decode_attention")
+                                if "mixed_decode_attention" in profile else None),
     )

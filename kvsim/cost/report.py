@@ -322,12 +322,14 @@ def write_report(out: Path, *, profile_dir: Path = PROFILE_DIR, figures: bool = 
             summary = run_all(Path(tmp), profile_dir, refit=False)
         lines += [markdown(summary), "",
                   "The profiles (`rtx-4090_llama-3.1-8b_tp1`, `rtx-pro-6000_llama-3.1-8b_tp1`) are "
-                  "fitted to kernel tables only, never to these runs. Known gap: in a step that "
-                  "mixes a prefill chunk with decodes, vLLM runs one varlen attention kernel for "
-                  "all of them and the decodes lose the split-KV decode kernel; the measured mixed "
-                  "attention is ~1.5x the sum of the pure prefill and pure decode parts kvsim "
-                  "charges (median APE ~35% on the mixed rows of the same tables), which is why "
-                  "TTFT under load is the least accurate figure.", ""]
+                  "fitted to kernel tables only, never to these runs. In a step that mixes a "
+                  "prefill chunk with decodes, vLLM runs one varlen attention kernel for all of "
+                  "them and the decodes lose the split-KV decode kernel: the mixed steps of the "
+                  "same tables cost ~1.5x the sum of their pure prefill and pure decode parts. "
+                  "These profiles therefore carry a separate `mixed_decode_attention` fit "
+                  "(held-out median APE ~12% on mixed steps, `mixed_attention` in the profile's "
+                  "errors; it was 35% with pure-decode coefficients). The Vidur-based profiles "
+                  "have no mixed-step data and charge mixed decodes like pure ones.", ""]
     lines += [
         "## Measurement harness",
         "",

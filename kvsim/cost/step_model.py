@@ -72,6 +72,11 @@ class StepCostModel:
     allreduce: CommCoefficients
     overhead: OverheadCoefficients
     swap_sec_per_byte: float = 0.0
+    # Decodes that share a step with a prefill chunk: vLLM V1 runs one varlen
+    # attention kernel for the whole step, so they lose the split-KV decode
+    # kernel and cost more per key (fitted from mixed-step tables; None: same
+    # as pure decode, which is all a roofline can say).
+    mixed_decode_attention: OpCoefficients | None = None
     _linear_cache: dict = field(default_factory=dict, repr=False)
 
     # ------------------------------------------------------------ public API
@@ -83,9 +88,10 @@ class StepCostModel:
         decode = new == 1
         num_decode = int(decode.sum())
         t = self._linear_time(num_tokens, int(batch.num_sampled))
-        if num_decode < len(new):
+        mixed = num_decode < len(new)
+        if mixed:
             t += self._prefill_attention_time_scalar(new[~decode].tolist(), ctx[~decode].tolist())
-        t += self._decode_attention_time_scalar(num_decode, float(ctx[decode].sum()))
+        t += self._decode_attention_time_scalar(num_decode, float(ctx[decode].sum()), mixed)
         t += self._allreduce_time(num_tokens)
         t += self._overhead_time(len(new))
         t += self.swap_sec_per_byte * batch.swap_bytes
@@ -107,8 +113,8 @@ class StepCostModel:
                for op in self.shapes.ops}
         out["prefill_attention"] = (self._prefill_attention_time(new[~decode], ctx[~decode])
                                     if (~decode).any() else 0.0)
-        out["decode_attention"] = float(self._decode_attention_time(int(decode.sum()),
-                                                                    float(ctx[decode].sum())))
+        out["decode_attention"] = self._decode_attention_time_scalar(
+            int(decode.sum()), float(ctx[decode].sum()), bool((~decode).any()))
         out["allreduce"] = self._allreduce_time(batch.total_new_tokens)
         out["overhead"] = self._overhead_time(batch.num_requests)
         out["swap"] = self.swap_sec_per_byte * batch.swap_bytes
@@ -172,11 +178,14 @@ class StepCostModel:
             total += t
         return sh.num_layers * total
 
-    def _decode_attention_time_scalar(self, num_seqs: int, context_sum: float) -> float:
+    def _decode_attention_time_scalar(self, num_seqs: int, context_sum: float,
+                                      mixed: bool = False) -> float:
         """``_decode_attention_time`` for one step, in plain floats."""
         if num_seqs <= 0:
             return 0.0
         c_ = self.decode_attention
+        if mixed and self.mixed_decode_attention is not None:
+            c_ = self.mixed_decode_attention
         sh = self.shapes
         n = float(num_seqs)
         keys = context_sum + n
