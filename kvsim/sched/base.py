@@ -111,6 +111,35 @@ class PriorityQueue:
         return (e[3] for e in sorted(self._heap, key=lambda e: e[:3]))
 
 
+def commit_scheduled(plan: StepPlan) -> None:
+    """S6: computed tokens advance at schedule time, before execution.
+
+    A request whose chunk reaches its last known token will sample one.
+    """
+    for req, n, _ in plan.scheduled:
+        req.num_computed_tokens += n
+        if req.num_computed_tokens >= req.num_tokens:
+            plan.num_sampled += 1
+
+
+def sample_tokens(plan: StepPlan, now: float) -> list[Request]:
+    """S7: every request whose chunk reached its last token gets one at ``now``.
+
+    Returns the requests that have now generated all their tokens.
+    """
+    finished = []
+    for req, _, _ in plan.scheduled:
+        if req.num_computed_tokens < req.num_tokens:
+            continue
+        req.num_output_tokens += 1
+        req.token_times.append(now)
+        if len(req.token_times) == 1:
+            req.first_token_time = now
+        if req.is_finished:
+            finished.append(req)
+    return finished
+
+
 def make_waiting_queue(policy: str):
     if policy == "fcfs":
         return FcfsQueue()

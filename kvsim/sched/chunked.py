@@ -12,7 +12,7 @@ This is the reference path: it follows ``vllm/v1/core/sched/scheduler.py``
 from __future__ import annotations
 
 from kvsim.kv.manager import KVCacheManager, cdiv
-from kvsim.sched.base import StepPlan, make_waiting_queue
+from kvsim.sched.base import StepPlan, commit_scheduled, make_waiting_queue, sample_tokens
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.request import Request, RequestStatus
 
@@ -52,26 +52,12 @@ class ChunkedScheduler:
         if not plan.preempted:
             # S3: a step that preempted admits nothing.
             self._schedule_waiting(plan, budget)
-        # S6: computed tokens advance at schedule time, before execution.
-        for req, n, _ in plan.scheduled:
-            req.num_computed_tokens += n
-            if req.num_computed_tokens >= req.num_tokens:
-                plan.num_sampled += 1
+        commit_scheduled(plan)
         return plan
 
     def update_from_output(self, plan: StepPlan, now: float) -> list[Request]:
         """Every request whose chunk reached its last token samples one (S7)."""
-        finished = []
-        for req, _, _ in plan.scheduled:
-            if req.status is not RequestStatus.RUNNING or req.num_computed_tokens < req.num_tokens:
-                continue
-            req.num_output_tokens += 1
-            req.token_times.append(now)
-            if len(req.token_times) == 1:
-                req.first_token_time = now
-            if req.is_finished:
-                finished.append(req)
-        return self.finish_requests(finished, now)
+        return self.finish_requests(sample_tokens(plan, now), now)
 
     def finish_requests(self, finished: list[Request], now: float) -> list[Request]:
         """Free finished requests at once, in scheduled order, tail block first (S7, B6)."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 
 from kvsim.kv.manager import KVCacheManager, cdiv
-from kvsim.sched.base import FcfsQueue, StepPlan
+from kvsim.sched.base import FcfsQueue, StepPlan, commit_scheduled, sample_tokens
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.request import Request, RequestStatus
 
@@ -61,23 +61,11 @@ class ContinuousScheduler:
             self._schedule_decodes(plan)
             if not plan.preempted:
                 self._schedule_swap_ins(plan)
-        for req, n, _ in plan.scheduled:
-            req.num_computed_tokens += n
-            if req.num_computed_tokens >= req.num_tokens:
-                plan.num_sampled += 1
+        commit_scheduled(plan)
         return plan
 
     def update_from_output(self, plan: StepPlan, now: float) -> list[Request]:
-        finished = []
-        for req, _, _ in plan.scheduled:
-            if req.num_computed_tokens < req.num_tokens:
-                continue
-            req.num_output_tokens += 1
-            req.token_times.append(now)
-            if len(req.token_times) == 1:
-                req.first_token_time = now
-            if req.is_finished:
-                finished.append(req)
+        finished = sample_tokens(plan, now)
         for req in finished:
             req.status = RequestStatus.FINISHED
             req.finish_time = now

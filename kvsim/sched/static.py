@@ -11,7 +11,7 @@ them) and are returned only when the whole batch ends.
 from __future__ import annotations
 
 from kvsim.kv.contiguous import ContiguousAllocator
-from kvsim.sched.base import FcfsQueue, StepPlan
+from kvsim.sched.base import FcfsQueue, StepPlan, sample_tokens
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.request import Request, RequestStatus
 
@@ -91,13 +91,8 @@ class StaticScheduler:
             self.used_slot_steps += len(self.batch)
 
     def update_from_output(self, plan: StepPlan, now: float) -> list[Request]:
+        sample_tokens(plan, now)
         for req, _, _ in plan.scheduled:
-            if req.num_computed_tokens < req.num_tokens:
-                continue
-            req.num_output_tokens += 1
-            req.token_times.append(now)
-            if len(req.token_times) == 1:
-                req.first_token_time = now
             self.alloc.set_used(req.request_id, req.num_tokens)
         if not all(r.is_finished for r in self.batch):
             return []
