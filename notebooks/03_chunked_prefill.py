@@ -38,7 +38,7 @@ import os
 
 # CI runs the notebooks with KVSIM_NOTEBOOK_FAST=1: same story, smaller sizes.
 FAST = os.environ.get("KVSIM_NOTEBOOK_FAST") == "1"
-NUM_REQUESTS = 40 if FAST else 300
+NUM_REQUESTS = 120 if FAST else 600
 CHUNKS = [256, 4096] if FAST else [256, 512, 1024, 2048, 4096, 8192]
 
 # %%
@@ -48,16 +48,17 @@ import pandas as pd
 import kvsim
 from kvsim import plots
 
-# Llama-3.1-8B on one H100 (roofline costs); long prompts (RAG / documents)
-# and medium answers, Poisson arrivals at 2 req/s.
+# Llama-3.1-8B on one H100 (roofline costs); chat-like prompts with a long
+# tail, medium answers, Poisson arrivals at 16 req/s: a busy server, with
+# about a hundred requests decoding at any time.
 BASE = {
     "name": "chunked", "seed": 0, "model": "llama-3.1-8b", "hardware": {"gpu": "h100-sxm"},
     "engine": {"scheduler": "chunked", "max_model_len": 16384, "max_num_seqs": 256,
                "max_num_batched_tokens": 2048, "enable_prefix_caching": False},
     "cost_model": {"type": "roofline"},
-    "workload": {"num_requests": NUM_REQUESTS, "arrival": {"type": "poisson", "rate": 2.0},
-                 "prompt_len": {"type": "lognormal", "median": 3000, "sigma": 0.6, "max": 12000},
-                 "output_len": {"type": "lognormal", "median": 250, "sigma": 0.5, "max": 1000}},
+    "workload": {"num_requests": NUM_REQUESTS, "arrival": {"type": "poisson", "rate": 16.0},
+                 "prompt_len": {"type": "lognormal", "median": 800, "sigma": 0.8, "max": 8000},
+                 "output_len": {"type": "lognormal", "median": 300, "sigma": 0.5, "max": 1000}},
 }
 
 def run(scheduler, budget=None):
@@ -77,13 +78,49 @@ def run(scheduler, budget=None):
 
 # %%
 prefill_first = run("continuous")
-window = slice(0, 400)        # the first 400 steps, each drawn separately
-plots.batch_timeline(prefill_first.steps.iloc[window], title="continuous (prefill-first)")
+chunked = run("chunked", 512)
+
+def window(result, start_s=4.0, length_s=1.5):
+    """The steps that start in a 1.5 s window of steady load, each drawn separately."""
+    s = result.steps
+    return s[(s["start_time_s"] >= start_s) & (s["start_time_s"] < start_s + length_s)]
+
+plots.batch_timeline(window(prefill_first), title="continuous (prefill-first), 4.0-5.5 s")
 
 # %%
-chunked = run("chunked", 2048)
-plots.batch_timeline(chunked.steps.iloc[window], title="chunked, 2048-token budget",
-                     token_budget=2048)
+plots.batch_timeline(window(chunked), title="chunked, 512-token budget, 4.0-5.5 s",
+                     token_budget=512)
+
+# %% [markdown]
+# The same window on a time axis: decode tokens per step, and in red the
+# steps in which requests that were decoding got no token (a stall). The
+# width of a red band is how long every running request waited.
+
+# %%
+from matplotlib.figure import Figure
+
+def still_decoding(steps):
+    # Requests that decoded in the previous step and did not finish there.
+    return (steps["num_decode_tokens"] - steps["num_finished"]).shift(1, fill_value=0) > 0
+
+def stall_mask(steps):
+    return (steps["num_prefill_tokens"] > 0) & (steps["num_decode_tokens"] == 0) & still_decoding(steps)
+
+fig = Figure(figsize=(10, 5), layout="constrained")
+axes = fig.subplots(2, 1, sharex=True, sharey=True)
+for ax, (name, result) in zip(axes, (("continuous (prefill-first)", prefill_first),
+                                     ("chunked, 512-token budget", chunked))):
+    s = result.steps
+    w = window(result)
+    ax.step(w["start_time_s"], w["num_decode_tokens"], where="post", color="tab:blue")
+    stalled = stall_mask(s).loc[w.index]
+    for start, duration in zip(w["start_time_s"][stalled], w["duration_s"][stalled]):
+        ax.axvspan(start, start + duration, color="tab:red", alpha=0.3, linewidth=0)
+    ax.set_title(f"{name}: {int(stalled.sum())} stalls in the window")
+    ax.set_ylabel("decode tokens")
+    ax.grid(True, alpha=0.3)
+axes[-1].set_xlabel("simulated time (s)")
+fig
 
 # %% [markdown]
 # With chunked prefill the decode band never drops to zero while requests are
@@ -92,23 +129,18 @@ plots.batch_timeline(chunked.steps.iloc[window], title="chunked, 2048-token budg
 
 # %%
 def stalls(result):
-    s = result.steps
-    # A stall: a step that prefills but decodes nothing, although requests
-    # that decoded in the previous step are still running.
-    still_decoding = (s["num_decode_tokens"] - s["num_finished"]).shift(1, fill_value=0) > 0
-    stalled = (s["num_prefill_tokens"] > 0) & (s["num_decode_tokens"] == 0) & still_decoding
-    return int(stalled.sum())
+    return int(stall_mask(result.steps).sum())
 
 compare = pd.DataFrame({name: {"stall_steps": stalls(r), "max_itl_ms": r.itl_s.max() * 1000,
                                "p99_itl_ms": r.summary["p99_itl_ms"],
                                "median_ttft_ms": r.summary["median_ttft_ms"],
                                "p99_ttft_ms": r.summary["p99_ttft_ms"]}
-                        for name, r in (("continuous", prefill_first), ("chunked 2048", chunked))}).T
+                        for name, r in (("continuous", prefill_first), ("chunked 512", chunked))}).T
 compare
 
 # %%
-assert compare.loc["chunked 2048", "stall_steps"] == 0 < compare.loc["continuous", "stall_steps"]
-assert compare.loc["chunked 2048", "max_itl_ms"] < compare.loc["continuous", "max_itl_ms"]
+assert compare.loc["chunked 512", "stall_steps"] == 0 < compare.loc["continuous", "stall_steps"]
+assert compare.loc["chunked 512", "max_itl_ms"] < compare.loc["continuous", "max_itl_ms"]
 
 # %% [markdown]
 # ## The chunk size: ITL vs TTFT
