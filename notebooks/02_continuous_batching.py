@@ -52,6 +52,8 @@ from kvsim import plots
 
 SHARED = Path(os.environ.get("KVSIM_SHARED_DIR", Path.cwd().resolve().parent.parent / "shared"))
 AZURE = SHARED / "data" / "traces" / "azure_llm_2023_conv.csv"
+if not AZURE.exists():
+    print(f"{AZURE} is missing (set KVSIM_SHARED_DIR): using synthetic lengths instead")
 
 # %% [markdown]
 # ## Three requests, counted in steps
@@ -106,8 +108,14 @@ def azure(scheduler, arrival, n=NUM_REQUESTS):
             "engine": {"scheduler": scheduler, "max_model_len": 8192, "max_num_seqs": 32,
                        "enable_prefix_caching": False},
             "cost_model": {"type": "roofline"},
-            "workload": {"trace": {"format": "azure", "path": str(AZURE), "max_requests": n},
-                         "arrival": arrival}}
+            "workload": ({"trace": {"format": "azure", "path": str(AZURE), "max_requests": n},
+                          "arrival": arrival} if AZURE.exists() else
+                         # without the trace: lengths of about the same shape
+                         {"num_requests": n, "arrival": arrival,
+                          "prompt_len": {"type": "lognormal", "median": 1000, "sigma": 1.0,
+                                         "max": 7000},
+                          "output_len": {"type": "lognormal", "median": 130, "sigma": 0.9,
+                                         "max": 1000}})}
 
 burst = {s: kvsim.simulate(azure(s, {"type": "all_at_once"})) for s in ("static", "continuous")}
 
