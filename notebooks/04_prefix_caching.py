@@ -164,6 +164,7 @@ if HAVE_TRACE:
     ax.axvline(pressure.loc[pressure["num_gpu_blocks"] == default_blocks, "cache_GiB"].item(),
                color="tab:red", linewidth=1, label="one H100")
     ax.set_xscale("log")
+    ax.set_ylim(bottom=0)
     ax.set_xlabel("KV cache size (GiB)")
     ax.set_ylabel("prefix cache hit rate (%)")
     ax.set_title("Mooncake conversation trace: hits need a cache as long as the reuse distance")
@@ -218,7 +219,19 @@ for label, layout in layouts.items():
     rows.append({"prompt layout": label, "prefix_cache_hit_rate": r.summary["prefix_cache_hit_rate"],
                  "median_ttft_ms": r.summary["median_ttft_ms"]})
 breaks = pd.DataFrame(rows).set_index("prompt layout")
-breaks
+fig = Figure(figsize=(9, 3.5), layout="constrained")
+ax_hit, ax_ttft = fig.subplots(1, 2)
+colors = ["tab:green", "tab:red", "tab:green"]
+ax_hit.barh(breaks.index, 100 * breaks["prefix_cache_hit_rate"], color=colors)
+ax_hit.set_xlabel("prefix cache hit rate (%)")
+ax_ttft.barh(breaks.index, breaks["median_ttft_ms"], color=colors)
+ax_ttft.set_xlabel("median TTFT (ms)")
+ax_ttft.set_yticks([])
+for ax in (ax_hit, ax_ttft):
+    ax.invert_yaxis()
+    ax.grid(True, axis="x", alpha=0.3)
+display(breaks)
+fig
 
 # %%
 hit = breaks["prefix_cache_hit_rate"]
