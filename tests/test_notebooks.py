@@ -54,6 +54,7 @@ def test_paired_ipynb_has_the_same_cells(source):
     assert cells == paired_cells, f"{paired.name} is stale: run jupytext --sync {source}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom(source, monkeypatch):
     monkeypatch.setenv("KVSIM_NOTEBOOK_FAST", "1")
