@@ -401,6 +401,10 @@ class _Job:
     seed: int
     search: RateSearch
     summaries: dict[float, dict] = field(default_factory=dict)
+    error: str = ""          # a probe that raised: the search stops, the row says why
+
+    def next_rate(self) -> float | None:
+        return None if self.error else self.search.next_rate()
 
 
 def _check_candidate(plan: Plan, cand: Candidate) -> str | None:
@@ -447,9 +451,9 @@ def run_plan(plan: Plan, *, workers: int | None = None,
     def record(job: _Job, rate: float, result: dict) -> None:
         nonlocal num_probes
         num_probes += 1
-        if result.get("summary") is None:
-            raise RuntimeError(f"probe of {plan.candidates[job.candidate].label} at {rate:g} req/s "
-                               f"failed: {result.get('error')}")
+        if result.get("summary") is None:   # an engine error, not an SLO miss
+            job.error = f"the probe at {rate:.3g} req/s (seed {job.seed}) raised {result.get('error')}"
+            return
         job.summaries[rate] = result["summary"]
         job.search.record(rate, not slo_violations(result["summary"], plan.slo_ms))
         if progress:
@@ -457,7 +461,7 @@ def run_plan(plan: Plan, *, workers: int | None = None,
 
     def followers(job: _Job) -> list[_Job]:
         """The other seeds' searches, once the first seed's is done."""
-        if job.seed != plan.seeds[0] or job.search.lo is None:
+        if job.seed != plan.seeds[0] or job.search.lo is None or job.error:
             return []
         near = RateBounds(start_req_s=job.search.lo, min_req_s=plan.bounds.min_req_s,
                           max_req_s=plan.bounds.max_req_s, tolerance=plan.bounds.tolerance,
@@ -470,7 +474,7 @@ def run_plan(plan: Plan, *, workers: int | None = None,
     if workers <= 1:
         while ready:
             job = ready.pop(0)
-            while (rate := job.search.next_rate()) is not None:
+            while (rate := job.next_rate()) is not None:
                 record(job, rate, run_task(*task(job, rate)))
             ready.extend(followers(job))
     else:
@@ -481,7 +485,7 @@ def run_plan(plan: Plan, *, workers: int | None = None,
             while ready or in_flight:
                 while ready:
                     job = ready.pop(0)
-                    rate = job.search.next_rate()
+                    rate = job.next_rate()
                     if rate is None:
                         ready.extend(followers(job))
                     else:
@@ -513,6 +517,9 @@ def _aggregate(plan: Plan, cand: Candidate, jobs: list[_Job]) -> dict:
     import numpy as np
 
     num_probes = sum(len(j.search.probes) for j in jobs)
+    errors = [j.error for j in jobs if j.error]
+    if errors:
+        return _row(plan, cand, status="error", num_probes=num_probes, detail=errors[0])
     statuses = {j.search.status for j in jobs}
     if "unreachable" in statuses:
         job = next(j for j in jobs if j.search.status == "unreachable")

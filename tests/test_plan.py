@@ -199,3 +199,16 @@ def test_cli_bad_input_is_one_line_with_exit_status_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("kvsim plan: error: plan.slo.p99_speed_ms: not a latency percentile")
     assert len(err.splitlines()) == 1
+
+
+def test_a_probe_that_raises_is_a_row_with_the_error_not_a_crash(monkeypatch):
+    import kvsim.plan as plan_module
+
+    def broken_probe(scenario, point_dir=None, *, base_dir=None):
+        raise RuntimeError("engine invariant broken")
+
+    monkeypatch.setattr(plan_module, "probe_point", broken_probe)
+    rows = run_plan(parse_plan(tiny_plan()), workers=1)
+    assert rows[0]["status"] == "error"
+    assert rows[0]["detail"] == ("the probe at 2 req/s (seed 0) raised RuntimeError: "
+                                 "engine invariant broken")
