@@ -132,6 +132,11 @@ pd.DataFrame({s: {"duration_s": r.summary["duration"],
               for s, r in burst.items()}).T
 
 # %% [markdown]
+# Static batching's `mean_batch_size` is larger, yet it is slower: its batch
+# counts the padding slots of finished requests, which the GPU computes for
+# nothing (slot utilisation well below 1). Its TPOT is large too: a request's
+# last token counts when the batch returns it, not when it was generated.
+#
 # Batch occupancy over time: static batching holds its slots until the
 # longest request ends (the sawtooth of running requests never refills),
 # continuous batching refills them every step while the queue lasts.
