@@ -284,7 +284,7 @@ class RateSearch:
             if self.lo >= b.max_req_s * (1 - 1e-9):
                 return None
             return min(self.lo * b.growth, b.max_req_s)
-        if self.hi <= self.lo * (1 + b.tolerance):
+        if self.hi <= self.lo * (1 + b.tolerance) * (1 + 1e-9):   # 1e-9: rounding of lo x growth
             return None
         return math.sqrt(self.lo * self.hi)       # bisect in log space: relative tolerance
 
@@ -424,7 +424,7 @@ def run_plan(plan: Plan, *, workers: int | None = None,
 
     The first seed of a candidate searches from ``plan.rate.start``; the
     other seeds then start at its answer and bracket with steps of
-    ``1 + 2 x tolerance`` (a few probes instead of a whole search), so the
+    ``1 + tolerance`` (two or three probes instead of a whole search), so the
     spread over seeds costs little. Searches of different candidates, and the
     later seeds of one, run at the same time on the process pool.
     """
@@ -465,7 +465,7 @@ def run_plan(plan: Plan, *, workers: int | None = None,
             return []
         near = RateBounds(start_req_s=job.search.lo, min_req_s=plan.bounds.min_req_s,
                           max_req_s=plan.bounds.max_req_s, tolerance=plan.bounds.tolerance,
-                          growth=1 + 2 * plan.bounds.tolerance)
+                          growth=1 + plan.bounds.tolerance)
         new = [_Job(job.candidate, seed, RateSearch(near)) for seed in plan.seeds[1:]]
         jobs.extend(new)
         return new
