@@ -708,7 +708,13 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
 def plan_command(args: argparse.Namespace) -> int:
     plan = plan_from_args(args)
     t0 = time.perf_counter()
-    rows = run_plan(plan, workers=args.workers)
+    progress = None
+    if sys.stderr.isatty():   # a redrawn count on a terminal; nothing when piped or in CI
+        def progress(done: int) -> None:
+            print(f"\rkvsim plan: {done} simulations", end="", file=sys.stderr, flush=True)
+    rows = run_plan(plan, workers=args.workers, progress=progress)
+    if progress is not None:
+        print(file=sys.stderr)
     wall = time.perf_counter() - t0
     print(format_table(rows, plan), flush=True)
     probes = sum(r["num_probes"] or 0 for r in rows)

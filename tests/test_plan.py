@@ -212,3 +212,18 @@ def test_a_probe_that_raises_is_a_row_with_the_error_not_a_crash(monkeypatch):
     assert rows[0]["status"] == "error"
     assert rows[0]["detail"] == ("the probe at 2 req/s (seed 0) raised RuntimeError: "
                                  "engine invariant broken")
+
+
+def test_plan_plot_names_rows_without_a_rate_and_labels_the_binding_constraint():
+    from kvsim import plots
+    from kvsim.plan import CSV_COLUMNS
+
+    table = pd.DataFrame([
+        {"candidate": "h100-sxm tp1", "status": "ok", "goodput_req_s_per_gpu": 40.0, "tp": 1,
+         "max_rate_min": 38.0, "max_rate_max": 42.0, "binding": "compute", "num_gpus": 2},
+        {"candidate": "l4 tp1", "status": "does not fit", "tp": 1},
+    ], columns=CSV_COLUMNS)
+    ax = plots.plan_goodput(table).axes[0]
+    assert [t.get_text() for t in ax.texts] == ["40 req/s/GPU\ncompute\n2 GPUs for target",
+                                                "does not fit"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["h100-sxm tp1", "l4 tp1"]
