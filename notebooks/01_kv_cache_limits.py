@@ -124,7 +124,8 @@ fig
 
 # %% [markdown]
 # On a 24 GB L4 the 16 GB of Llama-3.1-8B weights leave room for only about a
-# dozen 2k-token requests; the MHA Llama-2-7B fits 4x fewer. An H100 holds
+# dozen 2k-token requests; the MHA Llama-2-7B, although its weights are
+# smaller, fits half as many (4x the bytes per token). An H100 holds
 # hundreds. GQA, MLA and fp8 KV all raise the ceiling by shrinking the bytes
 # per token, not by adding memory.
 #
@@ -196,6 +197,8 @@ print(f"contiguous: {share:.1%} of the reserved KV memory holds tokens "
 print(f"paged: {paged_full.used_bytes / (paged_full.total_bytes - paged_full.free_bytes):.1%} "
       f"(waste only in each request's last, partly filled block)")
 assert n_paged > 3 * n_contiguous
+assert capacity.query("gpu == 'l4' and kv_cache_dtype == 'auto'").set_index("model")[
+    f"requests_of_{request_tokens}"].to_dict() == {"llama-2-7b": 6, "llama-3.1-8b": 13}
 
 # %% [markdown]
 # **Takeaway.** The batch size of an LLM server is bounded by
