@@ -197,8 +197,9 @@ print(f"contiguous: {share:.1%} of the reserved KV memory holds tokens "
 print(f"paged: {paged_full.used_bytes / (paged_full.total_bytes - paged_full.free_bytes):.1%} "
       f"(waste only in each request's last, partly filled block)")
 assert n_paged > 3 * n_contiguous
-assert capacity.query("gpu == 'l4' and kv_cache_dtype == 'auto'").set_index("model")[
-    f"requests_of_{request_tokens}"].to_dict() == {"llama-2-7b": 6, "llama-3.1-8b": 13}
+l4 = capacity.query("gpu == 'l4' and kv_cache_dtype == 'auto'").set_index("model")[
+    f"requests_of_{request_tokens}"]
+assert 1.5 <= l4["llama-3.1-8b"] / l4["llama-2-7b"] <= 3     # "half as many" on an L4
 
 # %% [markdown]
 # **Takeaway.** The batch size of an LLM server is bounded by
