@@ -68,14 +68,16 @@ def test_targets_are_the_issues():
     assert {(t.workload, t.metric, t.limit) for t in TARGETS} == {
         ("W1", "sim_s", 1.0), ("W1", "process_wall_s", 3.0),
         ("W1", "sim_cpu_s", 1.0), ("W1", "process_cpu_s", 3.0),
-        ("W3", "process_wall_s", 30.0), ("W4", "peak_rss_mib", 1024.0)}
+        ("W3", "process_wall_s", 30.0), ("W3", "cpu_per_worker_s", 30.0),
+        ("W4", "peak_rss_mib", 1024.0)}
 
 
 def test_report_marks_each_target_from_the_fake_numbers():
     w1 = Measurement(WORKLOADS["W1"], reps=[fake_run(0.5, 4.5, 300), fake_run(0.7, 3.5, 300),
                                             fake_run(0.6, 4.0, 300)])
     w4 = Measurement(WORKLOADS["W4"], reps=[fake_run(100.0, 110.0, 2048.0)])
-    w3 = Measurement(WORKLOADS["W3"], reps=[{"process_wall_s": 29.0, "peak_rss_mib": 200.0,
+    w3 = Measurement(WORKLOADS["W3"], reps=[{"process_wall_s": 29.0, "process_cpu_s": 62.0,
+                                             "cpu_per_worker_s": 31.0, "peak_rss_mib": 200.0,
                                              "num_requests": 200_000, "requests_per_s": 6896.0,
                                              "points_sim_s_sum": 55.0, "num_points": 100,
                                              "workers": 2}])
@@ -87,6 +89,8 @@ def test_report_marks_each_target_from_the_fake_numbers():
     assert target_row(text, "W1", "simulation under 1 s of CPU time").endswith("| 0.300 s | met |")
     assert target_row(text, "W1", "whole process under 3 s of CPU time").endswith("| 2.00 s | met |")
     assert target_row(text, "W3", "100-point sweep").endswith("| 29.00 s | met |")
+    assert target_row(text, "W3", "sweep CPU time / workers").endswith(
+        "| 31.00 s | NOT met (1.03x the target) |")
     assert target_row(text, "W4", "peak memory").endswith("| 2,048 MiB | NOT met (2.00x the target) |")
 
 
