@@ -46,6 +46,16 @@ CASES = {
         cost_model={"type": "constant", "step_time_s": 0.01},
         workload={"num_requests": 60, "arrival": {"type": "closed_loop", "concurrency": 7},
                   "output_len": {"type": "uniform", "low": 5, "high": 90}}),
+    "overloaded_max_num_seqs": scenario(engine__max_num_seqs=6,
+                                        workload={**scenario()["workload"],
+                                                  "arrival": {"type": "poisson", "rate": 80.0}}),
+    "overloaded_kv_blocked_head": scenario(engine__num_gpu_blocks_override=300,
+                                           workload={**scenario()["workload"],
+                                                     "arrival": {"type": "poisson", "rate": 80.0}}),
+    "overloaded_chunking_off_threshold": scenario(
+        engine={"max_num_batched_tokens": 4096, "max_model_len": 4096, "max_num_seqs": 10,
+                "enable_chunked_prefill": False, "long_prefill_token_threshold": 64},
+        workload={**scenario()["workload"], "arrival": {"type": "poisson", "rate": 80.0}}),
     "multi_turn_sessions": scenario(
         workload={"num_requests": 60, "arrival": {"type": "poisson", "rate": 5.0},
                   "sessions": {"turns": 3, "think_time_s": 0.5},
@@ -122,3 +132,29 @@ def test_streaming_flushes_in_chunks_without_losing_requests_or_steps():
     run_engine(wl.requests(), sc.sched_config, cost_model=sc.cost_model, sink=sink, flush_every=7)
     assert sink.stats.completed == full.summary["completed"]
     assert seen_steps == list(range(len(full.steps)))
+
+
+def test_blocked_head_whose_prefix_a_running_request_is_writing(tmp_path):
+    # B quotes A's prompt and A's answer; B waits (too few blocks) while A
+    # decodes the very blocks B would hit: the fast path must not skip past
+    # the step where B's hit grows.
+    import json
+    prompt = list(range(1, 41))
+    answer = list(range(500, 560))
+    lines = [
+        {"id": "A", "arrival_time": 0.0, "prompt_token_ids": prompt, "max_tokens": 60,
+         "output_token_ids": answer},
+        {"id": "B", "arrival_time": 0.125, "prompt_token_ids": prompt + answer + [7, 8, 9],
+         "max_tokens": 20},
+    ]
+    path = tmp_path / "reqs.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    # 26 usable blocks: B (26 blocks) fits only when every block A has filled is a hit.
+    sc = scenario(engine={"block_size": 4, "num_gpu_blocks_override": 27,
+                          "max_num_batched_tokens": 64, "max_model_len": 104},
+                  cost_model={"type": "constant", "step_time_s": 1.0},
+                  workload={"requests_file": str(path)})
+    fast, slow, trace_fast, trace_slow = both(sc)
+    assert trace_fast == trace_slow
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    assert fast.requests.set_index("request_id").loc["B", "num_cached_tokens"] > 40

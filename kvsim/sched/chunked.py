@@ -44,16 +44,19 @@ class ChunkedScheduler:
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
-        # N4: the threshold only stops a long prefill starving *other*
-        # requests; alone in the system, a request may use the whole budget.
-        num_in_system = len(self.running) + len(self.waiting)
-        self._threshold = self.config.long_prefill_token_threshold if num_in_system > 1 else 0
+        self.refresh_threshold()
         budget = self._schedule_running(plan, self.config.max_num_batched_tokens)
         if not plan.preempted:
             # S3: a step that preempted admits nothing.
             self._schedule_waiting(plan, budget)
         commit_scheduled(plan)
         return plan
+
+    def refresh_threshold(self) -> None:
+        """N4: the threshold only stops a long prefill starving *other* requests;
+        alone in the system, a request may use the whole budget."""
+        num_in_system = len(self.running) + len(self.waiting)
+        self._threshold = self.config.long_prefill_token_threshold if num_in_system > 1 else 0
 
     def update_from_output(self, plan: StepPlan, now: float) -> list[Request]:
         """Every request whose chunk reached its last token samples one (S7)."""
@@ -135,28 +138,15 @@ class ChunkedScheduler:
 
     def _schedule_waiting(self, plan: StepPlan, budget: int) -> int:
         """S3-S5: admit from the waiting queue until a request does not fit."""
-        cfg = self.config
-        kv = self.kv
         while budget > 0 and len(self.waiting):
-            if len(self.running) >= cfg.max_num_seqs:
+            if len(self.running) >= self.config.max_num_seqs:
                 break                               # TV9: the cap counts running requests
             req = self.waiting.peek()
-            if req.num_computed_tokens == 0:
-                hits, num_hit = kv.get_computed_blocks(req)
-            else:
-                hits, num_hit = [], req.num_computed_tokens
-            n = req.num_tokens - num_hit
-            if 0 < self._threshold < n:
-                n = self._threshold
-            if not cfg.enable_chunked_prefill and n > budget:
-                break                               # S4 [new]: break, do not skip
-            n = min(n, budget)
-            fit = None
-            if cfg.scheduler_reserve_full_isl:
-                fit = min(req.num_tokens, cfg.max_model_len)
-            if not self._can_admit(req, n, num_hit, hits, fit):
+            admission = self.try_admission(req, budget)
+            if admission is None:
                 break                               # TV10: head-of-line blocking
-            kv.allocate_slots(req, n, num_hit, hits)
+            hits, num_hit, n = admission
+            self.kv.allocate_slots(req, n, num_hit, hits)
             self.waiting.pop()
             self.running.append(req)
             if req.status is RequestStatus.PREEMPTED:
@@ -170,6 +160,28 @@ class ChunkedScheduler:
             plan.scheduled.append((req, n, num_hit))
             budget -= n
         return budget
+
+    def try_admission(self, req: Request, budget: int) -> tuple[list[int], int, int] | None:
+        """(prefix-hit blocks, hit tokens, chunk) if ``req`` can be admitted now, else None.
+
+        Read-only: the lookup (H3, H4) and the fit checks (S4, N1, N2), not the
+        allocation.
+        """
+        cfg = self.config
+        if req.num_computed_tokens == 0:
+            hits, num_hit = self.kv.get_computed_blocks(req)
+        else:
+            hits, num_hit = [], req.num_computed_tokens
+        n = req.num_tokens - num_hit
+        if 0 < self._threshold < n:
+            n = self._threshold
+        if not cfg.enable_chunked_prefill and n > budget:
+            return None                             # S4 [new]: break, do not skip
+        n = min(n, budget)
+        fit = min(req.num_tokens, cfg.max_model_len) if cfg.scheduler_reserve_full_isl else None
+        if not self._can_admit(req, n, num_hit, hits, fit):
+            return None
+        return hits, num_hit, n
 
     def _can_admit(self, req: Request, n: int, num_hit: int, hits: list[int],
                    full_tokens: int | None) -> bool:

@@ -255,6 +255,9 @@ class Engine:
         ev.callbacks.append(release)
 
     def _on_done(self, req: Request) -> None:
+        # A done request never touches the KV cache again: drop its token ids
+        # and hashes (the bulk of its memory); its timings stay for the tables.
+        req.all_token_ids = req.block_hashes = req.spec = None
         self.done.append(req)
         # Kept for every request: a later turn may name one that finished
         # (or failed on arrival) before the turn itself was read.
@@ -315,6 +318,7 @@ class Engine:
         sched = self.scheduler
         k = run.num_steps
         b = len(sched.running) + len(finished)          # batch size during the run
+        waiting = sched.get_request_counts()[1]
         first = self.steps.next_step
         free = run.free_after.tolist()
         free[-1] = sched.kv.get_num_free_blocks()        # after the finished were freed
@@ -327,7 +331,7 @@ class Engine:
             step=range(first, first + k), start_time_s=run.times[:-1].tolist(),
             duration_s=run.durations.tolist(), num_prefill_tokens=[0] * k,
             num_decode_tokens=[b] * k, num_scheduled_reqs=[b] * k, num_running=running,
-            num_waiting=[0] * k, num_preempted=[0] * k, num_finished=done,
+            num_waiting=[waiting] * k, num_preempted=[0] * k, num_finished=done,
             num_free_blocks=free, kv_cache_usage=[1.0 - f / usable for f in free])
         self.num_fast_steps += k
         if self.trace is not None:
@@ -338,7 +342,8 @@ class Engine:
                             "scheduled": dict(scheduled), "preempted": [],
                             "finished": [r.request_id for r in finished] if last else [],
                             "num_free_blocks": free[j], "num_running": running[j],
-                            "num_waiting": 0, "prefix_hit_tokens": {}, "resume_hit_tokens": {}})
+                            "num_waiting": waiting, "prefix_hit_tokens": {},
+                            "resume_hit_tokens": {}})
 
     def _progress_possible(self) -> bool:
         running, waiting = self.scheduler.get_request_counts()

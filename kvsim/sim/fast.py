@@ -1,7 +1,7 @@
 """The fast path: a run of identical decode steps, simulated in one go.
 
-While every running request only decodes, nothing waits, no request finishes
-and no arrival is due, consecutive steps of the ``chunked`` scheduler differ
+While every running request only decodes, no waiting request can be
+admitted, no request finishes and no arrival is due, consecutive steps of the ``chunked`` scheduler differ
 only in their context lengths: each schedules one token per running request,
 in running order, and allocates a block when a request crosses a block
 boundary. So instead of K trips through ``schedule()``, the cost model, SimPy
@@ -49,12 +49,15 @@ class DecodeRun:
 
 def plan_decode_run(sched, cost_model, now: float, next_event_time: float) -> DecodeRun | None:
     """The longest run of identical decode steps that starts now, or None."""
-    if type(sched) is not ChunkedScheduler or len(sched.waiting) or next_event_time <= now:
+    if type(sched) is not ChunkedScheduler or next_event_time <= now:
         return None
     running = sched.running
     num_seqs = len(running)
     if num_seqs == 0 or num_seqs > sched.config.max_num_batched_tokens:
         return None
+    blocked_hash = _blocked_head(sched)
+    if blocked_hash is False:
+        return None                           # the waiting head could be admitted
     bs = sched.kv.block_size
     blocks_of = sched.kv.req_to_blocks
     min_remaining = 1 << 62
@@ -87,6 +90,9 @@ def plan_decode_run(sched, cost_model, now: float, next_event_time: float) -> De
     if k < MIN_RUN_STEPS:
         return None
 
+    if blocked_hash is not None and _cached_during_run(sched, k, blocked_hash):
+        return None                           # the head's prefix hit could grow
+
     # Block allocations as (step, running index): one every bs steps from the
     # first; popped in this order, as the step path pops them.
     events = [(s, i) for i, s0 in enumerate(first_alloc) for s in range(s0, k + 1, bs)]
@@ -105,6 +111,45 @@ def plan_decode_run(sched, cost_model, now: float, next_event_time: float) -> De
     free_after = free0 - np.cumsum(taken)[1:]
     return DecodeRun(times[:k + 1], durations[:k], free_after, events,
                      [r.request_id for r in running])
+
+
+def _blocked_head(sched):
+    """Whether the waiting queue stays shut for the whole run.
+
+    Returns None when nothing can be admitted for a reason that lasts (no
+    waiting request, ``max_num_seqs`` reached, no budget left); the hash of the
+    head's next uncached block when the head does not fit now — it still will
+    not during the run, since free blocks only shrink and losing a hit never
+    lowers the blocks it needs, *unless* a running request caches that very
+    block; False when the head could be admitted (no run).
+    """
+    waiting = sched.waiting
+    if not len(waiting):
+        return None
+    cfg = sched.config
+    budget = cfg.max_num_batched_tokens - len(sched.running)
+    if len(sched.running) >= cfg.max_num_seqs or budget <= 0:
+        return None
+    sched.refresh_threshold()
+    head = waiting.peek()
+    if sched.try_admission(head, budget) is not None:
+        return False
+    hits, _ = sched.kv.get_computed_blocks(head)
+    j = len(hits)
+    if not sched.kv.enable_caching or j >= (head.num_tokens - 1) // sched.kv.block_size:
+        return None
+    return head.block_hashes[j]
+
+
+def _cached_during_run(sched, k: int, block_hash: int) -> bool:
+    """Would a running request hash a block equal to ``block_hash`` in the next k steps?"""
+    bs = sched.kv.block_size
+    cached = sched.kv.num_cached_block
+    for r in sched.running:
+        hi = (r.num_computed_tokens + k) // bs
+        if hi > cached[r.request_id] and block_hash in r.block_hashes[cached[r.request_id]:hi]:
+            return True
+    return False
 
 
 def apply_decode_run(sched, run: DecodeRun) -> list:
