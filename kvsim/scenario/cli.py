@@ -50,6 +50,8 @@ def run_command(args: argparse.Namespace) -> int:
     else:
         print(format_summary(result.summary))
         where = f"; wrote {Path(args.out) / 'summary.json'}, requests.csv, steps.csv" if args.out else ""
-        print(f"simulated {len(result.requests)} requests, {len(result.steps)} steps "
-              f"in {wall:.2f} s wall{where}", file=sys.stderr)
+        num_requests = int(result.summary.get("completed", 0)) + int(result.summary.get("failed", 0))
+        steps = f", {len(result.steps)} steps" if len(result.steps) else " (streaming metrics)"
+        print(f"simulated {num_requests} requests{steps} in {wall:.2f} s wall{where}",
+              file=sys.stderr)
     return 0
