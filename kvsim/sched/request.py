@@ -39,13 +39,12 @@ class Request:
         "all_token_ids", "block_hashes", "final_num_tokens", "num_output_tokens",
         "num_computed_tokens", "num_cached_tokens", "num_preemptions", "status",
         "scheduled_time", "first_token_time", "finish_time", "token_times",
-        "fail_reason", "index", "spec", "resume_hit_tokens",
+        "fail_reason", "index", "resume_hit_tokens",
     )
 
     def __init__(self, spec: RequestSpec, index: int, *, block_size: int,
                  max_model_len: int, arrival_time: float | None = None,
-                 hash_blocks: bool = True) -> None:
-        self.spec = spec
+                 hash_blocks: bool = True, keep_tokens: bool = True) -> None:
         self.index = index
         self.request_id = spec.request_id
         self.arrival_time = spec.arrival_time_s if arrival_time is None else arrival_time
@@ -72,6 +71,10 @@ class Request:
         # Without prefix caching nothing ever reads a hash (H3: no lookup, A4: no caching).
         self.block_hashes = (block_hashes(self.all_token_ids, block_size, spec.cache_salt)
                              if hash_blocks else [])
+        if not keep_tokens:
+            # Only the debug mode reads token ids after hashing (to check hits);
+            # dropping them keeps a long waiting queue small.
+            self.all_token_ids = None
         self.num_output_tokens = 0
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1          # set at first admission (S5)

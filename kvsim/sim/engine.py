@@ -257,7 +257,7 @@ class Engine:
     def _on_done(self, req: Request) -> None:
         # A done request never touches the KV cache again: drop its token ids
         # and hashes (the bulk of its memory); its timings stay for the tables.
-        req.all_token_ids = req.block_hashes = req.spec = None
+        req.all_token_ids = req.block_hashes = None
         self.done.append(req)
         # Kept for every request: a later turn may name one that finished
         # (or failed on arrival) before the turn itself was read.

@@ -53,7 +53,7 @@ def run_engine(specs: Iterable[RequestSpec], config: SchedulerConfig, *,
     def make(spec: RequestSpec, index: int, arrival: float) -> Request:
         return Request(spec, index, block_size=config.block_size,
                        max_model_len=config.max_model_len, arrival_time=arrival,
-                       hash_blocks=config.enable_prefix_caching)
+                       hash_blocks=config.enable_prefix_caching, keep_tokens=config.debug)
 
     engine = Engine(sched, cost_model or ConstantCostModel(1.0), make_request=make,
                     check_request=lambda r: request_problem(r, config),
