@@ -178,17 +178,19 @@ class BlockPool:
         Runs at schedule time, before the forward pass, so a request scheduled
         later in the same step can already hit these blocks (TV5).
         """
+        cached = self._cached
+        block_hash = self.block_hash
         for i in range(num_cached_blocks, num_full_blocks):
             b = blocks[i]
             if b == NULL_BLOCK_ID:
                 continue
             h = block_hashes[i]
-            self.block_hash[b] = h
-            entry = self._cached.get(h)
+            block_hash[b] = h
+            entry = cached.get(h)
             if entry is None:
-                self._cached[h] = b
+                cached[h] = b
             elif type(entry) is int:
-                self._cached[h] = {entry: None, b: None}
+                cached[h] = {entry: None, b: None}
             else:
                 entry[b] = None
             if self.debug and tokens is not None:

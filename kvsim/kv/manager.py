@@ -157,7 +157,7 @@ class KVCacheManager:
             need = self.max_model_len
         num_new_blocks = -(-need // bs) - len(blocks)
         if num_new_blocks > 0:
-            if num_new_blocks > self.pool._num_free:
+            if num_new_blocks > self.pool.get_num_free_blocks():
                 return None
             new_blocks = self.pool.get_new_blocks(num_new_blocks)
             blocks.extend(new_blocks)
