@@ -11,7 +11,6 @@ This is the reference path: it follows ``vllm/v1/core/sched/scheduler.py``
 
 from __future__ import annotations
 
-from kvsim.kv.manager import KVCacheManager, cdiv
 from kvsim.sched.base import StepPlan, commit_scheduled, make_waiting_queue, sample_tokens
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.request import Request, RequestStatus
@@ -22,10 +21,7 @@ class ChunkedScheduler:
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self.kv = KVCacheManager(
-            config.num_gpu_blocks, config.block_size, max_model_len=config.max_model_len,
-            enable_caching=config.enable_prefix_caching,
-            lifo_unhashed=config.lifo_unhashed_free, debug=config.debug)
+        self.kv = config.make_kv_manager()
         self.waiting = make_waiting_queue(config.policy)
         self.running: list[Request] = []
         # N2: vLLM sizes the watermark on all blocks, the null block included.
@@ -200,6 +196,3 @@ class ChunkedScheduler:
                 return False
         need = min(num_hit + n, self.config.max_model_len)
         return kv.num_blocks_to_allocate(req, need, hits) + wm <= free
-
-    def blocks_needed_alone(self, req: Request) -> int:
-        return cdiv(req.final_num_tokens, self.config.block_size)

@@ -30,3 +30,10 @@ class SchedulerConfig:
     num_cpu_blocks: int = 0                   # swap space, in blocks
     swap_block_bytes: int = 0                 # bytes of one block, for swap traffic
     debug: bool = False                       # keep tokens per block; check every hit
+
+    def make_kv_manager(self):
+        """The paged KV manager these settings describe."""
+        from kvsim.kv.manager import KVCacheManager
+        return KVCacheManager(self.num_gpu_blocks, self.block_size, max_model_len=self.max_model_len,
+                              enable_caching=self.enable_prefix_caching,
+                              lifo_unhashed=self.lifo_unhashed_free, debug=self.debug)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from kvsim.kv.manager import KVCacheManager, cdiv
+from kvsim.kv.manager import cdiv
 from kvsim.sched.base import FcfsQueue, StepPlan, commit_scheduled, sample_tokens
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.request import Request, RequestStatus
@@ -29,10 +29,7 @@ class ContinuousScheduler:
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
-        self.kv = KVCacheManager(
-            config.num_gpu_blocks, config.block_size, max_model_len=config.max_model_len,
-            enable_caching=config.enable_prefix_caching,
-            lifo_unhashed=config.lifo_unhashed_free, debug=config.debug)
+        self.kv = config.make_kv_manager()
         self.waiting = FcfsQueue()
         self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
