@@ -160,7 +160,7 @@ class Engine:
         self._arrivals_done = True
 
     def _engine(self):
-        env, sched = self.env, self.scheduler
+        sched = self.scheduler
         while True:
             for req in self._inbox:
                 sched.add_request(req)
@@ -168,47 +168,59 @@ class Engine:
             if not sched.has_requests():
                 if self._arrivals_done and not self._num_pending_releases:
                     return
-            if not sched.has_requests() and not self._reported_finished:
-                self._wake = env.event()
-                yield self._wake
-                self._wake = None
-                continue
-            start = env.now
-            if self.fast_path:
-                run = plan_decode_run(sched, self.cost_model, start, env.peek())
-                if run is not None:
-                    yield _AtTime(env, float(run.times[-1]))
-                    finished = apply_decode_run(sched, run)
-                    self._record_run(run, finished)
-                    for req in finished:
-                        self._on_done(req)
-                    self._reported_finished = bool(finished)
-                    if self.sink is not None and len(self.steps) >= self.flush_every:
-                        self._flush_steps()
+                if not self._reported_finished:
+                    yield from self._sleep_until_arrival()
                     continue
-            plan = sched.schedule()
-            for req, _, _ in plan.scheduled:
-                if math.isnan(req.scheduled_time):
-                    req.scheduled_time = start
-            for req in plan.failed:
-                req.finish_time = start
-                self._on_done(req)
-            if plan.is_empty and plan.failed:
-                continue
-            duration = self.cost_model.step_time(self._batch_shape(plan))
-            yield env.timeout(duration)
-            finished = sched.update_from_output(plan, env.now)
-            self._record(plan, finished, start, duration)
-            if self.sink is not None and len(self.steps) >= self.flush_every:
-                self._flush_steps()
-            for req in finished:
-                self._on_done(req)
-            # vLLM runs one more (possibly empty) step after requests finish, to
-            # report them, before an idle engine sleeps (Scheduler.has_requests
-            # counts finished ids not yet reported).
-            self._reported_finished = bool(finished)
-            if plan.is_empty and not self._progress_possible():
-                self._fail_unschedulable()
+            run = None
+            if self.fast_path:
+                run = plan_decode_run(sched, self.cost_model, self.env.now, self.env.peek())
+            if run is not None:
+                yield from self._decode_run(run)
+            else:
+                yield from self._step()
+
+    def _sleep_until_arrival(self):
+        self._wake = self.env.event()
+        yield self._wake
+        self._wake = None
+
+    def _step(self):
+        """One engine step: schedule -> cost -> advance clock -> apply outputs -> record."""
+        env, sched = self.env, self.scheduler
+        start = env.now
+        plan = sched.schedule()
+        for req, _, _ in plan.scheduled:
+            if math.isnan(req.scheduled_time):
+                req.scheduled_time = start
+        for req in plan.failed:
+            req.finish_time = start
+            self._on_done(req)
+        if plan.is_empty and plan.failed:
+            return
+        duration = self.cost_model.step_time(self._batch_shape(plan))
+        yield env.timeout(duration)
+        finished = sched.update_from_output(plan, env.now)
+        self._record(plan, finished, start, duration)
+        self._finish(finished)
+        if plan.is_empty and not self._progress_possible():
+            self._fail_unschedulable()
+
+    def _decode_run(self, run):
+        """K identical decode steps at once (the fast path, kvsim/sim/fast.py)."""
+        yield _AtTime(self.env, float(run.times[-1]))
+        finished = apply_decode_run(self.scheduler, run)
+        self._record_run(run, finished)
+        self._finish(finished)
+
+    def _finish(self, finished: list[Request]) -> None:
+        for req in finished:
+            self._on_done(req)
+        # vLLM runs one more (possibly empty) step after requests finish, to
+        # report them, before an idle engine sleeps (Scheduler.has_requests
+        # counts finished ids not yet reported).
+        self._reported_finished = bool(finished)
+        if self.sink is not None and len(self.steps) >= self.flush_every:
+            self._flush_steps()
 
     # ------------------------------------------------------------ helpers
 
