@@ -1,10 +1,10 @@
 """The fast path: a run of identical decode steps, simulated in one go.
 
 While every running request only decodes, no waiting request can be
-admitted, no request finishes and no arrival is due, consecutive steps of the ``chunked`` scheduler differ
-only in their context lengths: each schedules one token per running request,
-in running order, and allocates a block when a request crosses a block
-boundary. So instead of K trips through ``schedule()``, the cost model, SimPy
+admitted, no request finishes and no arrival is due, consecutive steps of the
+``chunked`` scheduler differ only in their context lengths: each schedules one
+token per running request, in running order, and allocates a block when a
+request crosses a block boundary. So instead of K trips through ``schedule()``, the cost model, SimPy
 and ``update_from_output()``, kvsim computes the K step times at once
 (``CostModel.decode_step_times``) and applies the K steps' effects in bulk, in
 exactly the order the step path would (block pops in (step, running index)
@@ -16,7 +16,12 @@ stops *before* any step that could differ:
 
 * the first step that would need more blocks than are free (a preemption);
 * the first step that starts at or after the next arrival or release (the
-  new request must be visible to it).
+  new request must be visible to it);
+* any step at all if the waiting head could be admitted, or could become
+  admissible because a running request is writing its next prefix block.
+
+Only the ``chunked`` scheduler has a fast path; ``continuous`` and ``static``
+always step one by one.
 
 ``tests/test_fast_path.py`` runs scenarios both ways and compares them.
 """
