@@ -7,7 +7,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from kvsim.sched.request import Request
+from kvsim.sched.request import Request, RequestStatus
 
 
 @dataclass
@@ -109,6 +109,22 @@ class PriorityQueue:
 
     def __iter__(self):
         return (e[3] for e in sorted(self._heap, key=lambda e: e[:3]))
+
+
+def record_admission(plan: StepPlan, req: Request, num_hit: int, n: int) -> None:
+    """S5: a waiting (or preempted) request becomes RUNNING with its prefix hit.
+
+    The caller has already allocated its blocks and moved it to ``running``.
+    """
+    if req.status is RequestStatus.PREEMPTED:
+        plan.resume_hit_tokens[req.request_id] = num_hit
+    else:
+        plan.prefix_hit_tokens[req.request_id] = num_hit
+    if req.num_cached_tokens < 0:
+        req.num_cached_tokens = num_hit     # recorded the first time only
+    req.status = RequestStatus.RUNNING
+    req.num_computed_tokens = num_hit
+    plan.scheduled.append((req, n, num_hit))
 
 
 def commit_scheduled(plan: StepPlan) -> None:

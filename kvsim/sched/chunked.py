@@ -11,7 +11,8 @@ This is the reference path: it follows ``vllm/v1/core/sched/scheduler.py``
 
 from __future__ import annotations
 
-from kvsim.sched.base import StepPlan, commit_scheduled, make_waiting_queue, sample_tokens
+from kvsim.sched.base import (StepPlan, commit_scheduled, make_waiting_queue, record_admission,
+                              sample_tokens)
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.request import Request, RequestStatus
 
@@ -145,15 +146,7 @@ class ChunkedScheduler:
             self.kv.allocate_slots(req, n, num_hit, hits)
             self.waiting.pop()
             self.running.append(req)
-            if req.status is RequestStatus.PREEMPTED:
-                plan.resume_hit_tokens[req.request_id] = num_hit
-            else:
-                plan.prefix_hit_tokens[req.request_id] = num_hit
-            if req.num_cached_tokens < 0:
-                req.num_cached_tokens = num_hit     # S5: recorded the first time only
-            req.status = RequestStatus.RUNNING
-            req.num_computed_tokens = num_hit
-            plan.scheduled.append((req, n, num_hit))
+            record_admission(plan, req, num_hit, n)
             budget -= n
         return budget
 

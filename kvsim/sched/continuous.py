@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import deque
 
 from kvsim.kv.manager import cdiv
-from kvsim.sched.base import FcfsQueue, StepPlan, commit_scheduled, sample_tokens
+from kvsim.sched.base import FcfsQueue, StepPlan, commit_scheduled, record_admission, sample_tokens
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.request import Request, RequestStatus
 
@@ -106,15 +106,7 @@ class ContinuousScheduler:
             self.kv.allocate_slots(req, n, num_hit, hits)
             self.waiting.pop()
             self.running.append(req)
-            if req.status is RequestStatus.PREEMPTED:
-                plan.resume_hit_tokens[req.request_id] = num_hit
-            else:
-                plan.prefix_hit_tokens[req.request_id] = num_hit
-            if req.num_cached_tokens < 0:
-                req.num_cached_tokens = num_hit
-            req.status = RequestStatus.RUNNING
-            req.num_computed_tokens = num_hit
-            plan.scheduled.append((req, n, num_hit))
+            record_admission(plan, req, num_hit, n)
             budget -= n
 
     def _ignore(self, plan: StepPlan, req: Request, reason: str) -> None:
