@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from kvsim.cost import BatchShape, ConstantCostModel, build_cost_model
+from kvsim.cost import BatchShape, ConstantCostModel, build_cost_model, step_time_function
 from kvsim.cost.features import decode_attention_work, prefill_attention_work, rank_shapes
 from kvsim.cost.fitted import PROFILE_DIR, load_profile
 from kvsim.specs import list_gpus, list_models, load_gpu, load_model
@@ -41,7 +41,20 @@ def test_decode_step_times_equal_step_time_on_all_decode_batch(make, num_seqs):
     fast = cm.decode_step_times(num_seqs, sums)
     for k, ctx in enumerate(contexts):
         slow = cm.step_time(BatchShape.from_lists([1] * num_seqs, ctx))
-        assert fast[k] == pytest.approx(slow, rel=1e-12)
+        assert fast[k] == slow                # bit for bit: the fast path relies on it
+
+
+@pytest.mark.parametrize("make", [roofline, fitted, lambda: roofline(load_model("deepseek-v2-lite"), H100, 1, "fp8")],
+                         ids=["roofline", "fitted", "roofline-mla-moe-fp8"])
+@pytest.mark.parametrize("num_steps", [1, 16, 17, 300])
+def test_decode_step_times_of_short_and_long_runs_equal_step_time_exactly(make, num_steps):
+    # short runs are costed in a Python loop, long ones with numpy: both exact
+    cm = make()
+    sums = 5000 + 9 * np.arange(num_steps, dtype=np.int64)
+    fast = cm.decode_step_times(9, sums)
+    assert fast.dtype == np.float64 and fast.shape == (num_steps,)
+    for k in (0, num_steps // 2, num_steps - 1):
+        assert fast[k] == cm.step_time_from_lists([1] * 9, [int(sums[k])] + [0] * 8, 9)
 
 
 def test_decode_cost_depends_on_contexts_only_through_their_sum():
@@ -271,3 +284,32 @@ def test_mixed_step_decodes_use_the_mixed_coefficients_and_pure_decodes_do_not()
     # the fast path (all-decode steps) is untouched by the mixed coefficients
     assert cm.decode_step_times(32, np.array([32 * 2048]))[0] == pytest.approx(
         cm.step_time(BatchShape.from_lists([1] * 32, [2048] * 32)), rel=1e-12)
+
+
+@pytest.mark.parametrize("make", [roofline, fitted,
+                                  lambda: fitted("rtx-4090_llama-3.1-8b_tp1", load_model("llama-3.1-8b"),
+                                                 load_gpu(RTX4090), 1),
+                                  lambda: roofline(load_model("deepseek-v2-lite"), H100, 1)],
+                         ids=["roofline", "fitted", "fitted-wave-mixed", "moe"])
+def test_step_time_from_lists_equals_step_time_exactly(make):
+    cm = make()
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        n = int(rng.integers(0, 30))
+        new = [int(rng.integers(0, 3000)) if rng.random() < 0.2 else 1 for _ in range(n)]
+        ctx = rng.integers(0, 20000, size=n).tolist()
+        sampled, swap = int(rng.integers(0, n + 1)), int(rng.integers(0, 2)) * 10**8
+        batch = BatchShape.from_lists(new, ctx, sampled, swap)
+        assert cm.step_time_from_lists(new, ctx, sampled, swap) == cm.step_time(batch)
+
+
+def test_step_time_function_prefers_lists_and_falls_back_to_batch_shape():
+    cm = roofline()
+    assert step_time_function(cm) == cm.step_time_from_lists
+    assert step_time_function(ConstantCostModel(0.5))([3, 1], [0, 9], 2, 0) == 0.5
+
+    class OnlyStepTime:
+        def step_time(self, batch):
+            return float(batch.total_new_tokens * 10 + batch.num_sampled + batch.swap_bytes)
+
+    assert step_time_function(OnlyStepTime())([3, 1], [0, 9], 2, 100) == 142.0

@@ -13,11 +13,12 @@ Nothing here imports torch or triton.
 
 from __future__ import annotations
 
-from kvsim.cost.base import BatchShape, ConstantCostModel, CostModel
+from kvsim.cost.base import BatchShape, ConstantCostModel, CostModel, step_time_function
 
 COST_MODEL_TYPES = ("constant", "roofline", "fitted")
 
-__all__ = ["BatchShape", "ConstantCostModel", "CostModel", "build_cost_model", "COST_MODEL_TYPES"]
+__all__ = ["BatchShape", "ConstantCostModel", "CostModel", "build_cost_model", "step_time_function",
+           "COST_MODEL_TYPES"]
 
 
 def build_cost_model(config: dict, *, model, gpu, tp: int = 1,

@@ -7,7 +7,7 @@ into seconds. The cost model never sees blocks or request ids (DESIGN.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 
@@ -50,7 +50,12 @@ class BatchShape:
 
 
 class CostModel(Protocol):
-    """Turns a step into seconds on the simulated GPU(s)."""
+    """Turns a step into seconds on the simulated GPU(s).
+
+    A model may also offer ``step_time_from_lists(num_new_tokens,
+    num_context_tokens, num_sampled, swap_bytes)``: the same seconds from plain
+    lists, which the engine prefers when present (see ``step_time_function``).
+    """
 
     def step_time(self, batch: BatchShape) -> float:
         """Seconds the engine spends on this step (GPU + per-step CPU overhead)."""
@@ -77,5 +82,30 @@ class ConstantCostModel:
     def step_time(self, batch: BatchShape) -> float:
         return self.step_time_s
 
+    def step_time_from_lists(self, num_new_tokens, num_context_tokens, num_sampled: int,
+                             swap_bytes: int = 0) -> float:
+        return self.step_time_s
+
     def decode_step_times(self, num_seqs: int, context_token_sums: np.ndarray) -> np.ndarray:
         return np.full(len(context_token_sums), self.step_time_s, dtype=float)
+
+
+# (num_new_tokens, num_context_tokens, num_sampled, swap_bytes) -> seconds
+StepTimeFunction = Callable[[list, list, int, int], float]
+
+
+def step_time_function(cost_model: CostModel) -> StepTimeFunction:
+    """How the engine should cost a step it holds as lists of ints.
+
+    The model's ``step_time_from_lists`` if it has one (no numpy arrays per
+    step), else ``step_time`` on the equivalent ``BatchShape``. Both give the
+    same seconds.
+    """
+    fast = getattr(cost_model, "step_time_from_lists", None)
+    if fast is not None:
+        return fast
+
+    def via_batch_shape(num_new_tokens, num_context_tokens, num_sampled, swap_bytes=0):
+        return cost_model.step_time(BatchShape.from_lists(num_new_tokens, num_context_tokens,
+                                                          num_sampled, swap_bytes))
+    return via_batch_shape

@@ -14,7 +14,7 @@ derives the coefficients from datasheet numbers and efficiencies
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -63,7 +63,13 @@ class OverheadCoefficients:
 
 @dataclass
 class StepCostModel:
-    """``CostModel`` (see ``base.py``) from per-op coefficients and rank shapes."""
+    """``CostModel`` (see ``base.py``) from per-op coefficients and rank shapes.
+
+    The engine calls it once per step, so the per-step path works in plain
+    Python floats on constants gathered at construction (numpy scalars and
+    attribute chains cost more than the arithmetic). Build a new model rather
+    than changing the fields of one in use.
+    """
 
     shapes: RankShapes
     ops: dict[str, OpCoefficients]
@@ -77,33 +83,75 @@ class StepCostModel:
     # kernel and cost more per key (fitted from mixed-step tables; None: same
     # as pure decode, which is all a roofline can say).
     mixed_decode_attention: OpCoefficients | None = None
-    _linear_cache: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        sh = self.shapes
+        # (op, its coefficients, whether it scales with sampled sequences)
+        self._linear_ops = tuple((op, self.ops[op.name], op.name in SAMPLED_OPS) for op in sh.ops)
+        self._linear_cache: dict[tuple[int, int], float] = {}
+        self._attn_flops_per_pair = sh.attn_flops_per_pair
+        self._kv_bytes_per_token_layer = sh.kv_bytes_per_token_layer
+        self._q_bytes_per_token = sh.q_bytes_per_token
+        self._prefill_heads = sh.kv_heads if self.prefill_attention.wave_kv_heads else sh.q_heads
+        mixed = self.mixed_decode_attention or self.decode_attention
+        self._decode_coef = _roofline_terms(self.decode_attention)
+        self._mixed_decode_coef = _roofline_terms(mixed)
+        self._allreduce_calls = sh.allreduce_calls
+        self._ring_factor = 2.0 * (sh.tp - 1) / sh.tp
 
     # ------------------------------------------------------------ public API
 
     def step_time(self, batch: BatchShape) -> float:
-        new = batch.num_new_tokens
-        ctx = batch.num_context_tokens
-        num_tokens = int(new.sum())
-        decode = new == 1
-        num_decode = int(decode.sum())
-        t = self._linear_time(num_tokens, int(batch.num_sampled))
-        mixed = num_decode < len(new)
-        if mixed:
-            t += self._prefill_attention_time_scalar(new[~decode].tolist(), ctx[~decode].tolist())
-        t += self._decode_attention_time_scalar(num_decode, float(ctx[decode].sum()), mixed)
+        return self.step_time_from_lists(batch.num_new_tokens.tolist(),
+                                         batch.num_context_tokens.tolist(),
+                                         int(batch.num_sampled), batch.swap_bytes)
+
+    def step_time_from_lists(self, num_new_tokens: list[int], num_context_tokens: list[int],
+                             num_sampled: int, swap_bytes: int = 0) -> float:
+        """``step_time`` of the step ``BatchShape.from_lists`` would describe, without numpy.
+
+        The engine's per-step entry point: a batch of a few dozen requests
+        costs a few microseconds as Python ints, several times that as arrays.
+        """
+        num_requests = len(num_new_tokens)
+        num_tokens = sum(num_new_tokens)
+        num_decode = num_new_tokens.count(1)
+        t = self._linear_time(num_tokens, num_sampled)
+        if num_decode == num_requests:
+            t += self._decode_attention_time_scalar(num_decode, float(sum(num_context_tokens)))
+        else:
+            # A 1-token chunk is a decode (it is what the GPU runs); the rest are prefill chunks.
+            chunks, contexts, decode_context = [], [], 0
+            for n, c in zip(num_new_tokens, num_context_tokens):
+                if n == 1:
+                    decode_context += c
+                else:
+                    chunks.append(n)
+                    contexts.append(c)
+            t += self._prefill_attention_time_scalar(chunks, contexts)
+            t += self._decode_attention_time_scalar(num_decode, float(decode_context), True)
         t += self._allreduce_time(num_tokens)
-        t += self._overhead_time(len(new))
-        t += self.swap_sec_per_byte * batch.swap_bytes
-        return float(t)
+        t += self._overhead_time(num_requests)
+        t += self.swap_sec_per_byte * swap_bytes
+        return t
 
     def decode_step_times(self, num_seqs: int, context_token_sums: np.ndarray) -> np.ndarray:
-        sums = np.asarray(context_token_sums, dtype=float)
-        t = self._linear_time(num_seqs, num_seqs)
-        t = t + self._decode_attention_time(num_seqs, sums)
-        t = t + self._allreduce_time(num_seqs)
-        t = t + self._overhead_time(num_seqs)
-        return np.asarray(t, dtype=float)
+        # The same operations, in the same order, as step_time on an all-decode
+        # batch, so that the two agree bit for bit (the fast path relies on it).
+        linear = self._linear_time(num_seqs, num_seqs)
+        allreduce = self._allreduce_time(num_seqs)
+        overhead = self._overhead_time(num_seqs)
+        if num_seqs <= 0 or len(context_token_sums) <= _SCALAR_DECODE_RUN:
+            # Short runs (the common case): a loop of floats beats a dozen ufunc calls.
+            attn = self._decode_attention_time_scalar
+            return np.array([linear + attn(num_seqs, s) + allreduce + overhead
+                             for s in np.asarray(context_token_sums, dtype=float).tolist()],
+                            dtype=float)
+        t = self._decode_attention_times(num_seqs, np.array(context_token_sums, dtype=float))
+        t += linear
+        t += allreduce
+        t += overhead
+        return t
 
     def breakdown(self, batch: BatchShape) -> dict[str, float]:
         """Seconds per component of a step (for reports and teaching)."""
@@ -136,8 +184,8 @@ class StepCostModel:
         t = self._linear_cache.get(key)
         if t is None:
             t = 0.0
-            for op in self.shapes.ops:
-                t += self._op_time_scalar(op, num_tokens, num_sampled)
+            for op, coef, sampled in self._linear_ops:
+                t += _op_time_scalar(op, coef, num_sampled if sampled else num_tokens)
             if len(self._linear_cache) < 200_000:
                 self._linear_cache[key] = t
         return t
@@ -145,26 +193,13 @@ class StepCostModel:
     def _op_time_scalar(self, op, num_tokens: int, num_sampled: int) -> float:
         """``_op_time`` in plain floats (the per-step hot path; numpy scalars are ~20x slower)."""
         n = num_sampled if op.name in SAMPLED_OPS else num_tokens
-        if n <= 0:
-            return 0.0
-        c = self.ops[op.name]
-        if c.tile_m and op.gemm_k:
-            tiles = math.ceil(n / c.tile_m) * math.ceil(op.gemm_n / c.tile_n)
-            flops = math.ceil(tiles / c.num_sms) * c.num_sms * 2.0 * c.tile_m * c.tile_n * op.gemm_k
-        else:
-            flops = op.flops_per_token * n
-        nbytes = op.weight_bytes + op.act_bytes_per_token * n
-        if op.num_experts:
-            e, k = op.num_experts, op.experts_per_token
-            nbytes += op.expert_weight_bytes * e * (1.0 - (1.0 - k / e) ** n)
-        return op.calls * (max(c.sec_per_flop * flops, c.sec_per_byte * nbytes, c.floor_s) + c.const_s)
+        return _op_time_scalar(op, self.ops[op.name], n)
 
     def _prefill_attention_time_scalar(self, chunks: list, contexts: list) -> float:
         """``_prefill_attention_time`` in plain floats (few chunks per step; numpy is slower)."""
         c_ = self.prefill_attention
-        sh = self.shapes
-        fpp, kvb, qb = sh.attn_flops_per_pair, sh.kv_bytes_per_token_layer, sh.q_bytes_per_token
-        heads = sh.kv_heads if c_.wave_kv_heads else sh.q_heads
+        fpp, kvb, qb = self._attn_flops_per_pair, self._kv_bytes_per_token_layer, self._q_bytes_per_token
+        heads = self._prefill_heads
         total = 0.0
         for c, p in zip(chunks, contexts):
             c, p = float(c), float(p)
@@ -176,24 +211,40 @@ class StepCostModel:
                 waves = math.ceil(math.ceil(c / c_.wave_tile_m) * heads / c_.num_sms)
                 t += c_.sec_per_wave_key * (waves * (p + c / 2.0))
             total += t
-        return sh.num_layers * total
+        return self.shapes.num_layers * total
 
     def _decode_attention_time_scalar(self, num_seqs: int, context_sum: float,
                                       mixed: bool = False) -> float:
         """``_decode_attention_time`` for one step, in plain floats."""
         if num_seqs <= 0:
             return 0.0
-        c_ = self.decode_attention
-        if mixed and self.mixed_decode_attention is not None:
-            c_ = self.mixed_decode_attention
-        sh = self.shapes
+        spf, spb, floor_s, const_s, spt = self._mixed_decode_coef if mixed else self._decode_coef
         n = float(num_seqs)
         keys = context_sum + n
-        flops = keys * sh.attn_flops_per_pair
-        nbytes = (keys + n) * sh.kv_bytes_per_token_layer + n * sh.q_bytes_per_token
-        per_layer = (max(c_.sec_per_flop * flops, c_.sec_per_byte * nbytes, c_.floor_s) + c_.const_s
-                     + c_.sec_per_token * n)
-        return sh.num_layers * per_layer
+        flops = keys * self._attn_flops_per_pair
+        nbytes = (keys + n) * self._kv_bytes_per_token_layer + n * self._q_bytes_per_token
+        per_layer = max(spf * flops, spb * nbytes, floor_s) + const_s + spt * n
+        return self.shapes.num_layers * per_layer
+
+    def _decode_attention_times(self, num_seqs: int, context_sums: np.ndarray) -> np.ndarray:
+        """``_decode_attention_time_scalar`` over an array of sums (pure decode); overwrites it."""
+        spf, spb, floor_s, const_s, spt = self._decode_coef
+        n = float(num_seqs)
+        keys = context_sums
+        keys += n
+        flops = keys * self._attn_flops_per_pair
+        flops *= spf
+        nbytes = keys                      # (keys + n) * kv bytes + n * q bytes, in place
+        nbytes += n
+        nbytes *= self._kv_bytes_per_token_layer
+        nbytes += n * self._q_bytes_per_token
+        nbytes *= spb
+        t = np.maximum(flops, nbytes, out=flops)
+        np.maximum(t, floor_s, out=t)
+        t += const_s
+        t += spt * n
+        t *= self.shapes.num_layers
+        return t
 
     def _prefill_attention_time(self, chunks, contexts) -> float:
         per_layer = prefill_attention_layer_time(self.prefill_attention, self.shapes, chunks, contexts)
@@ -207,15 +258,41 @@ class StepCostModel:
         return self.shapes.num_layers * per_layer
 
     def _allreduce_time(self, num_tokens: int) -> float:
-        calls = self.shapes.allreduce_calls
+        calls = self._allreduce_calls
         if not calls or num_tokens <= 0:
             return 0.0
-        tp = self.shapes.tp
-        ring_bytes = 2.0 * (tp - 1) / tp * num_tokens * self.shapes.allreduce_bytes_per_token
+        ring_bytes = self._ring_factor * num_tokens * self.shapes.allreduce_bytes_per_token
         return calls * (self.allreduce.sec_per_byte * ring_bytes + self.allreduce.const_s)
 
     def _overhead_time(self, num_requests: int) -> float:
         return self.overhead.const_s + self.overhead.sec_per_request * num_requests
+
+
+# Decode runs up to this many steps are costed in a Python loop, longer ones
+# with numpy (measured: the loop costs ~1 µs a step, numpy ~15 µs a call).
+_SCALAR_DECODE_RUN = 16
+
+
+def _roofline_terms(c: OpCoefficients) -> tuple[float, float, float, float, float]:
+    """What decode attention reads of its coefficients, as plain floats."""
+    return (float(c.sec_per_flop), float(c.sec_per_byte), float(c.floor_s), float(c.const_s),
+            float(c.sec_per_token))
+
+
+def _op_time_scalar(op, c: OpCoefficients, n: int) -> float:
+    """Seconds of ``op`` on ``n`` tokens (``OpCoefficients.time`` in plain floats)."""
+    if n <= 0:
+        return 0.0
+    if c.tile_m and op.gemm_k:
+        tiles = math.ceil(n / c.tile_m) * math.ceil(op.gemm_n / c.tile_n)
+        flops = math.ceil(tiles / c.num_sms) * c.num_sms * 2.0 * c.tile_m * c.tile_n * op.gemm_k
+    else:
+        flops = op.flops_per_token * n
+    nbytes = op.weight_bytes + op.act_bytes_per_token * n
+    if op.num_experts:
+        e, k = op.num_experts, op.experts_per_token
+        nbytes += op.expert_weight_bytes * e * (1.0 - (1.0 - k / e) ** n)
+    return op.calls * (max(c.sec_per_flop * flops, c.sec_per_byte * nbytes, c.floor_s) + c.const_s)
 
 
 def prefill_attention_layer_time(coef: OpCoefficients, shapes: RankShapes, chunks, contexts):
