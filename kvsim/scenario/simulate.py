@@ -82,7 +82,7 @@ class StreamingSink:
             self.stats.add_itl(itl)
 
     def add_steps(self, columns: dict) -> None:
-        if columns["step"]:
+        if len(columns["step"]):
             self.stats.add_steps(columns)
 
 

@@ -132,10 +132,12 @@ def commit_scheduled(plan: StepPlan) -> None:
 
     A request whose chunk reaches its last known token will sample one.
     """
+    sampled = 0
     for req, n, _ in plan.scheduled:
         req.num_computed_tokens += n
-        if req.num_computed_tokens >= req.num_tokens:
-            plan.num_sampled += 1
+        if req.num_computed_tokens >= req.prompt_len + req.num_output_tokens:   # num_tokens
+            sampled += 1
+    plan.num_sampled += sampled
 
 
 def sample_tokens(plan: StepPlan, now: float) -> list[Request]:
@@ -145,13 +147,14 @@ def sample_tokens(plan: StepPlan, now: float) -> list[Request]:
     """
     finished = []
     for req, _, _ in plan.scheduled:
-        if req.num_computed_tokens < req.num_tokens:
+        out = req.num_output_tokens
+        if req.num_computed_tokens < req.prompt_len + out:     # num_tokens
             continue
-        req.num_output_tokens += 1
+        req.num_output_tokens = out = out + 1
         req.token_times.append(now)
         if len(req.token_times) == 1:
             req.first_token_time = now
-        if req.is_finished:
+        if req.prompt_len + out >= req.final_num_tokens:      # is_finished
             finished.append(req)
     return finished
 

@@ -73,44 +73,57 @@ class ChunkedScheduler:
     def _schedule_running(self, plan: StepPlan, budget: int) -> int:
         """S2: give each running request its chunk, preempting when blocks run out."""
         cfg = self.config
+        running, allocate, scheduled = self.running, self.kv.allocate_slots, plan.scheduled
+        threshold, max_model_len = self._threshold, cfg.max_model_len
         scheduled_now: dict[str, int] = {}
         i = 0
-        while i < len(self.running) and budget > 0:
-            req = self.running[i]
-            n = req.num_tokens - req.num_computed_tokens
-            if 0 < self._threshold < n:
-                n = self._threshold
+        while i < len(running) and budget > 0:
+            req = running[i]
+            computed = req.num_computed_tokens
+            n = req.prompt_len + req.num_output_tokens - computed      # num_tokens - computed
+            if 0 < threshold < n:
+                n = threshold
             # One slot stays free for the token this step samples.
-            n = min(n, budget, cfg.max_model_len - req.num_computed_tokens - 1)
+            n = min(n, budget, max_model_len - computed - 1)
             if n <= 0:
                 i += 1
                 continue
-            while True:
-                if self.kv.allocate_slots(req, n) is not None:
+            if allocate(req, n) is None:
+                i, budget = self._preempt_for(req, n, i, budget, plan, scheduled_now)
+                scheduled = plan.scheduled
+                if req.status is RequestStatus.PREEMPTED:
+                    if cfg.policy == "priority":
+                        # P4 [new]: the victim left the list, so i already
+                        # points at the next (higher-priority) request.
+                        continue
                     break
-                victim = self._pick_victim()
-                vi = self.running.index(victim)
-                del self.running[vi]
-                if vi < i:
-                    i -= 1
-                if victim.request_id in scheduled_now:
-                    # [new] P1: roll the victim's entry and budget back.
-                    budget += scheduled_now.pop(victim.request_id)
-                    plan.scheduled = [e for e in plan.scheduled if e[0] is not victim]
-                self._preempt(victim, plan)
-                if victim is req:
-                    break
-            if req.status is RequestStatus.PREEMPTED:
-                if cfg.policy == "priority":
-                    # P4 [new]: the victim left the list, so i already
-                    # points at the next (higher-priority) request.
-                    continue
-                break
-            plan.scheduled.append((req, n, req.num_computed_tokens))
+            scheduled.append((req, n, computed))
             scheduled_now[req.request_id] = n
             budget -= n
             i += 1
         return budget
+
+    def _preempt_for(self, req: Request, n: int, i: int, budget: int, plan: StepPlan,
+                      scheduled_now: dict[str, int]) -> tuple[int, int]:
+        """P1: preempt victims until ``req``'s ``n`` slots fit, or ``req`` itself is the victim.
+
+        Returns the updated running index and budget.
+        """
+        while True:
+            victim = self._pick_victim()
+            vi = self.running.index(victim)
+            del self.running[vi]
+            if vi < i:
+                i -= 1
+            if victim.request_id in scheduled_now:
+                # [new] P1: roll the victim's entry and budget back.
+                budget += scheduled_now.pop(victim.request_id)
+                plan.scheduled = [e for e in plan.scheduled if e[0] is not victim]
+            self._preempt(victim, plan)
+            if victim is req:
+                return i, budget
+            if self.kv.allocate_slots(req, n) is not None:
+                return i, budget
 
     def _pick_victim(self) -> Request:
         """P1: FCFS takes the last running request; priority the worst one.

@@ -56,30 +56,88 @@ class _AtTime(Event):
 
 
 class StepLog:
-    """Per-step records, kept as columns (cheap to append, cheap to tabulate)."""
+    """Per-step records, kept as columns (cheap to append, cheap to tabulate).
+
+    A step of the step path is appended as a row. A decode run of the fast
+    path is kept as one record (its K steps differ only in their times and
+    free blocks) and expanded with numpy when ``columns`` is read.
+    """
 
     COLUMNS = ("step", "start_time_s", "duration_s", "num_prefill_tokens", "num_decode_tokens",
                "num_scheduled_reqs", "num_running", "num_waiting", "num_preempted",
                "num_finished", "num_free_blocks", "kv_cache_usage")
+    FLOAT_COLUMNS = ("start_time_s", "duration_s", "kv_cache_usage")
 
     def __init__(self, first_step: int = 0) -> None:
-        self.columns: dict[str, list] = {c: [] for c in self.COLUMNS}
+        self._rows: dict[str, list] = {c: [] for c in self.COLUMNS}
+        # (first step, start times, durations, free blocks after each step,
+        #  batch size, waiting, finished in the last step, usable blocks)
+        self._runs: list[tuple] = []
+        self._len = 0
         self.first_step = first_step
 
     def __len__(self) -> int:
-        return len(self.columns["step"])
+        return self._len
 
     @property
     def next_step(self) -> int:
-        return self.first_step + len(self)
+        return self.first_step + self._len
 
     def append(self, *values) -> None:
-        for col, v in zip(self.columns.values(), values):
+        """One step, values in ``COLUMNS`` order (its step number first)."""
+        for col, v in zip(self._rows.values(), values):
             col.append(v)
+        self._len += 1
 
-    def extend(self, **cols) -> None:
-        for name, values in cols.items():
-            self.columns[name].extend(values)
+    def add_run(self, starts: np.ndarray, durations: np.ndarray, free_after: list[int],
+                batch: int, waiting: int, num_finished: int, usable_blocks: int) -> None:
+        """K decode steps of ``batch`` requests; the last one finishes ``num_finished``."""
+        self._runs.append((self.next_step, starts, durations, free_after, batch, waiting,
+                           num_finished, usable_blocks))
+        self._len += len(durations)
+
+    @property
+    def columns(self) -> dict[str, np.ndarray]:
+        """Every step in step order, one numpy array per column."""
+        n = self._len
+        out = {c: np.empty(n, dtype=float if c in self.FLOAT_COLUMNS else np.int64)
+               for c in self.COLUMNS}
+        if self._rows["step"]:
+            at = np.asarray(self._rows["step"], dtype=np.int64) - self.first_step
+            for c, values in self._rows.items():
+                out[c][at] = values
+        if self._runs:
+            firsts, starts, durations, free, batch, waiting, fin, usable = zip(*self._runs)
+            ks = np.fromiter((len(d) for d in durations), dtype=np.int64, count=len(durations))
+            total = int(ks.sum())
+            ends = np.cumsum(ks)
+            last = ends - 1                              # index of each run's last step
+            at = (np.repeat(np.asarray(firsts, dtype=np.int64) - self.first_step, ks)
+                  + np.arange(total) - np.repeat(ends - ks, ks))
+            b = np.repeat(np.asarray(batch, dtype=np.int64), ks)
+            fin = np.asarray(fin, dtype=np.int64)
+            free = np.concatenate(free).astype(np.int64)
+            running = b.copy()
+            running[last] -= fin
+            finished = np.zeros(total, dtype=np.int64)
+            finished[last] = fin
+            cols = {
+                "step": at + self.first_step,
+                "start_time_s": np.concatenate(starts),
+                "duration_s": np.concatenate(durations),
+                "num_prefill_tokens": 0,
+                "num_decode_tokens": b,
+                "num_scheduled_reqs": b,
+                "num_running": running,
+                "num_waiting": np.repeat(np.asarray(waiting, dtype=np.int64), ks),
+                "num_preempted": 0,
+                "num_finished": finished,
+                "num_free_blocks": free,
+                "kv_cache_usage": 1.0 - free / np.repeat(np.asarray(usable, dtype=np.int64), ks),
+            }
+            for c, values in cols.items():
+                out[c][at] = values
+        return out
 
 
 class Engine:
@@ -332,19 +390,10 @@ class Engine:
         b = len(sched.running) + len(finished)          # batch size during the run
         waiting = sched.get_request_counts()[1]
         first = self.steps.next_step
-        free = run.free_after.tolist()
+        free = run.free_after
         free[-1] = sched.kv.get_num_free_blocks()        # after the finished were freed
-        running = [b] * k
-        running[-1] = b - len(finished)
-        done = [0] * k
-        done[-1] = len(finished)
-        usable = sched.kv.num_usable_blocks
-        self.steps.extend(
-            step=range(first, first + k), start_time_s=run.times[:-1].tolist(),
-            duration_s=run.durations.tolist(), num_prefill_tokens=[0] * k,
-            num_decode_tokens=[b] * k, num_scheduled_reqs=[b] * k, num_running=running,
-            num_waiting=[waiting] * k, num_preempted=[0] * k, num_finished=done,
-            num_free_blocks=free, kv_cache_usage=[1.0 - f / usable for f in free])
+        self.steps.add_run(run.times[:-1], run.durations, free, b, waiting, len(finished),
+                           sched.kv.num_usable_blocks)
         self.num_fast_steps += k
         if self.trace is not None:
             scheduled = {rid: 1 for rid in run.request_ids}
@@ -353,7 +402,8 @@ class Engine:
                 self.trace({"step": first + j, "start_time": float(run.times[j]),
                             "scheduled": dict(scheduled), "preempted": [],
                             "finished": [r.request_id for r in finished] if last else [],
-                            "num_free_blocks": free[j], "num_running": running[j],
+                            "num_free_blocks": int(free[j]),
+                            "num_running": b - len(finished) if last else b,
                             "num_waiting": waiting, "prefix_hit_tokens": {},
                             "resume_hit_tokens": {}})
 

@@ -34,7 +34,8 @@ import numpy as np
 
 from kvsim.sched.chunked import ChunkedScheduler
 
-MIN_RUN_STEPS = 2
+MIN_RUN_STEPS = 1
+FIRST_WINDOW = 32            # steps costed at first; the window grows x4 while the run goes on
 
 
 @dataclass
@@ -43,13 +44,25 @@ class DecodeRun:
 
     times: np.ndarray        # K + 1 step boundaries: start of step 1 .. end of step K
     durations: np.ndarray    # K step times
-    free_after: np.ndarray   # free blocks at the end of each step
+    free_before: int         # free blocks before the run
     events: list             # (step, running index) of every block allocation, in pop order
     request_ids: list        # the batch, in running (= scheduling) order
 
     @property
     def num_steps(self) -> int:
         return len(self.durations)
+
+    @property
+    def free_after(self) -> list[int]:
+        """Free blocks at the end of each step (before the finished are freed)."""
+        taken = [0] * (self.num_steps + 1)
+        for s, _ in self.events:
+            taken[s] += 1
+        free, out = self.free_before, []
+        for n in taken[1:]:
+            free -= n
+            out.append(free)
+        return out
 
 
 def plan_decode_run(sched, cost_model, now: float, next_event_time: float) -> DecodeRun | None:
@@ -71,9 +84,10 @@ def plan_decode_run(sched, cost_model, now: float, next_event_time: float) -> De
     for r in running:
         c = r.num_computed_tokens
         out = r.num_output_tokens
-        if out == 0 or r.prompt_len + out - c != 1:
+        prompt_len = r.prompt_len
+        if out == 0 or prompt_len + out - c != 1:
             return None                       # a prefill chunk is pending
-        rem = r.final_num_tokens - r.prompt_len - out
+        rem = r.final_num_tokens - prompt_len - out
         if rem < min_remaining:
             min_remaining = rem
             if rem < MIN_RUN_STEPS:
@@ -81,17 +95,14 @@ def plan_decode_run(sched, cost_model, now: float, next_event_time: float) -> De
         ctx_sum += c
         # Step s (1-based) computes token c + s - 1; it needs a new block when
         # that token lies past the blocks held: c + s - 1 >= held * bs.
-        first_alloc.append(max(1, len(blocks_of[r.request_id]) * bs - c + 1))
+        s0 = len(blocks_of[r.request_id]) * bs - c + 1
+        first_alloc.append(s0 if s0 > 1 else 1)
     # End with the first step in which a request emits its last token: it
     # finishes, and the batch changes after it.
     max_steps = min_remaining
-
-    # Step times, accumulated left to right exactly as the clock would; a step
-    # may start only strictly before the next arrival.
-    ctx_sums = ctx_sum + num_seqs * np.arange(max_steps, dtype=np.int64)
-    durations = np.asarray(cost_model.decode_step_times(num_seqs, ctx_sums), dtype=float)
-    times = np.cumsum(np.concatenate(([now], durations)))
-    k = min(max_steps, int(np.searchsorted(times[:max_steps], next_event_time, side="left")))
+    times, durations = _step_times(cost_model, num_seqs, ctx_sum, now, max_steps, next_event_time)
+    # A step may start only strictly before the next arrival.
+    k = min(max_steps, int(np.searchsorted(times[:-1], next_event_time, side="left")))
     if k < MIN_RUN_STEPS:
         return None
 
@@ -100,7 +111,8 @@ def plan_decode_run(sched, cost_model, now: float, next_event_time: float) -> De
 
     # Block allocations as (step, running index): one every bs steps from the
     # first; popped in this order, as the step path pops them.
-    events = [(s, i) for i, s0 in enumerate(first_alloc) for s in range(s0, k + 1, bs)]
+    events = [(s, i) for i, s0 in enumerate(first_alloc) if s0 <= k
+              for s in range(s0, k + 1, bs)]
     events.sort()
     free0 = sched.kv.get_num_free_blocks()
     if len(events) > free0:
@@ -110,12 +122,34 @@ def plan_decode_run(sched, cost_model, now: float, next_event_time: float) -> De
         events = events[:free0]
         while events and events[-1][0] > k:
             events.pop()
-    taken = np.zeros(k + 1, dtype=np.int64)
-    for s, _ in events:
-        taken[s] += 1
-    free_after = free0 - np.cumsum(taken)[1:]
-    return DecodeRun(times[:k + 1], durations[:k], free_after, events,
+    return DecodeRun(times[:k + 1], durations[:k], free0, events,
                      [r.request_id for r in running])
+
+
+def _step_times(cost_model, num_seqs: int, ctx_sum: int, now: float, max_steps: int,
+                until: float) -> tuple[np.ndarray, np.ndarray]:
+    """Boundaries and durations of up to ``max_steps`` decode steps from ``now``.
+
+    Costs a window of steps at a time (growing x4) and stops once a step
+    would start at or after ``until``: most runs end at the next arrival, long
+    before the first request finishes. The clock is accumulated left to right,
+    one step after the other, exactly as the step path's timeouts add up.
+    """
+    parts_t, parts_d = [np.array([now])], []
+    done, window, t = 0, FIRST_WINDOW, now
+    while done < max_steps and t < until:
+        n = min(window, max_steps - done)
+        ctx = ctx_sum + num_seqs * np.arange(done, done + n, dtype=np.int64)
+        d = np.asarray(cost_model.decode_step_times(num_seqs, ctx), dtype=float)
+        ts = np.cumsum(np.concatenate(([t], d)))
+        parts_d.append(d)
+        parts_t.append(ts[1:])
+        t = ts[-1]
+        done += n
+        window *= 4
+    if len(parts_d) == 1:
+        return np.concatenate(parts_t), parts_d[0]
+    return np.concatenate(parts_t), np.concatenate(parts_d)
 
 
 def _blocked_head(sched):
