@@ -23,7 +23,7 @@ import simpy
 from simpy.core import NORMAL, URGENT
 from simpy.events import Event
 
-from kvsim.cost.base import BatchShape, CostModel
+from kvsim.cost.base import CostModel, step_time_function
 from kvsim.sched.base import Scheduler, StepPlan
 from kvsim.sched.request import Request, RequestStatus
 from kvsim.sim.fast import apply_decode_run, plan_decode_run
@@ -157,6 +157,7 @@ class Engine:
         self.env = simpy.Environment(initial_time=0.0)
         self.scheduler = scheduler
         self.cost_model = cost_model
+        self._step_time = step_time_function(cost_model)     # costs a step given as lists
         self.make_request = make_request
         self.check_request = check_request
         self.trace = trace
@@ -255,7 +256,9 @@ class Engine:
             self._on_done(req)
         if plan.is_empty and plan.failed:
             return
-        duration = self.cost_model.step_time(self._batch_shape(plan))
+        scheduled = plan.scheduled
+        duration = self._step_time([e[1] for e in scheduled], [e[2] for e in scheduled],
+                                   plan.num_sampled, plan.swap_bytes)
         yield env.timeout(duration)
         finished = sched.update_from_output(plan, env.now)
         self._record(plan, finished, start, duration)
@@ -344,12 +347,6 @@ class Engine:
         spec = next(self._specs, None)
         if spec is not None:
             self._schedule_release(spec, self.env.now)
-
-    def _batch_shape(self, plan: StepPlan) -> BatchShape:
-        n = len(plan.scheduled)
-        new = np.fromiter((e[1] for e in plan.scheduled), dtype=np.int64, count=n)
-        ctx = np.fromiter((e[2] for e in plan.scheduled), dtype=np.int64, count=n)
-        return BatchShape(new, ctx, plan.num_sampled, plan.swap_bytes)
 
     def _record(self, plan: StepPlan, finished: list[Request], start: float, duration: float) -> None:
         sched = self.scheduler
