@@ -20,6 +20,11 @@ prefix) got the same hash and a request hit another block under its second
 block's hash (found by tests/test_kv_properties.py).
 Collisions are possible in principle (64 bits); the debug mode of the block
 pool stores each block's tokens so tests can check every hit is genuine.
+
+Content hashes lie in ``[0, 2**64)``. Requests whose tokens are all *fresh*
+(a prompt that is a run of counter ids no other request holds, then generated
+ids) skip the content hash: ``fresh_block_hashes`` names each block by its
+last token id, mapped to the negative numbers, so the two kinds never meet.
 """
 
 from __future__ import annotations
@@ -28,15 +33,10 @@ import numpy as np
 
 _P = np.uint64(0x9E3779B97F4A7C15)          # odd multiplier (golden ratio)
 _K = np.uint64(0xD6E8FEB86659FD93)          # odd multiplier that separates prefix lengths
+_M = np.uint64(0xBF58476D1CE4E5B9)          # odd multiplier of mix
+_SHIFT = np.uint64(31)
 _powers = np.ones(1, dtype=np.uint64)
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    """Multiply-xorshift of each token id (wrapping uint64 arithmetic)."""
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x ^= x >> np.uint64(31)
-    return x
-
+_lengths = np.zeros(1, dtype=np.uint64)     # _lengths[i] = i, sliced with a step of block_size
 
 def _get_powers(n: int) -> np.ndarray:
     global _powers
@@ -44,12 +44,19 @@ def _get_powers(n: int) -> np.ndarray:
         size = max(n, 2 * len(_powers))
         p = np.empty(size, dtype=np.uint64)
         p[0] = 1
-        with np.errstate(over="ignore"):
-            # p[j] = P**j mod 2**64 by repeated doubling of a cumulative product.
-            p[1:] = _P
-            np.multiply.accumulate(p, out=p)
+        # p[j] = P**j mod 2**64 by a cumulative product (array arithmetic wraps silently).
+        p[1:] = _P
+        np.multiply.accumulate(p, out=p)
         _powers = p
     return _powers[:n]
+
+
+def _get_lengths(n: int, block_size: int) -> np.ndarray:
+    """The prefix lengths ``block_size, 2*block_size, ..., n`` (a view, no allocation)."""
+    global _lengths
+    if len(_lengths) <= n:
+        _lengths = np.arange(max(n + 1, 2 * len(_lengths)), dtype=np.uint64)
+    return _lengths[block_size:n + 1:block_size]
 
 
 def salt_hash(cache_salt: str | None) -> int:
@@ -63,20 +70,58 @@ def salt_hash(cache_salt: str | None) -> int:
 
 
 def block_hashes(token_ids: np.ndarray, block_size: int, cache_salt: str | None = None) -> list[int]:
-    """Hashes of every *full* block of ``token_ids`` (H2: partial blocks have none)."""
+    """Hashes of every *full* block of ``token_ids`` (H2: partial blocks have none).
+
+    The formula is the module docstring's; the body reuses one buffer for every
+    step (this runs once per arriving request, over its whole sequence).
+    """
     num_full = len(token_ids) // block_size
     if num_full == 0:
         return []
     n = num_full * block_size
-    with np.errstate(over="ignore"):
-        tokens = np.asarray(token_ids[:n], dtype=np.int64).view(np.uint64)
-        terms = _mix(tokens) * _get_powers(n)
-        prefix = np.cumsum(terms, dtype=np.uint64)
-        hashes = prefix[block_size - 1::block_size]
-        lengths = np.arange(block_size, n + 1, block_size, dtype=np.uint64)
-        # Fix: mix the prefix length in, so a block of 0-tokens does not repeat its parent's hash.
-        hashes = _mix(hashes * _K + lengths)
-        salt = salt_hash(cache_salt)
-        if salt:
-            hashes = hashes + np.uint64(salt)
+    tokens = np.asarray(token_ids[:n], dtype=np.int64).view(np.uint64)
+    x = np.multiply(tokens, _M)                 # mix(token) ...
+    x ^= x >> _SHIFT
+    x *= _get_powers(n)                         # ... * P**j
+    np.add.accumulate(x, out=x)                 # S of every prefix
+    hashes = x[block_size - 1::block_size]      # S at each block end (a view into x)
+    hashes *= _K                                # mix(S * K + k)
+    hashes += _get_lengths(n, block_size)
+    hashes *= _M
+    hashes ^= hashes >> _SHIFT
+    salt = salt_hash(cache_salt)
+    if salt:
+        hashes += np.uint64(salt)
     return hashes.tolist()
+
+
+def fresh_block_hashes(prompt_start: int, prompt_len: int, output_start: int, num_tokens: int,
+                       block_size: int) -> list[int]:
+    """Hashes of the full blocks of a sequence of fresh tokens, without reading them.
+
+    The sequence is the prompt ``prompt_start, prompt_start + 1, ...``
+    (``prompt_len`` ids >= 0 that no other request holds, except copies of the
+    same prompt, n > 1) followed by the generated ids ``output_start,
+    output_start - 1, ...`` (negative, held by no other request). Every id
+    then sits at one position of one sequence, so the *last id of a block
+    alone determines the block's whole prefix*: the block's key is that id,
+    mapped to the negative numbers (``-1 - 2*id`` for a prompt id, ``2*id`` for
+    a generated one). Equal keys mean equal prefixes (H1), n > 1 siblings share
+    their prompt blocks as in vLLM, and no key equals a content hash (those are
+    >= 0). Cache salts change nothing: the content already equals no other
+    tenant's. Both kinds of key step by ``-2*block_size`` from block to block,
+    so the list comes from ``range`` without any per-token work.
+    """
+    if prompt_start < 0 or output_start >= 0:
+        raise ValueError("fresh prompt ids must be >= 0 and generated ids < 0")
+    num_full = num_tokens // block_size
+    num_prompt = min(prompt_len // block_size, num_full)     # blocks of prompt ids only
+    step = -2 * block_size
+    first = -1 - 2 * (prompt_start + block_size - 1)
+    hashes = list(range(first, first + num_prompt * step, step))
+    if num_full > num_prompt:
+        # The first block that ends with a generated id ends with output k0.
+        k0 = (num_prompt + 1) * block_size - 1 - prompt_len
+        first = 2 * (output_start - k0)
+        hashes += range(first, first + (num_full - num_prompt) * step, step)
+    return hashes

@@ -3,7 +3,8 @@
 Every token a request will ever hold is known when it arrives: its prompt,
 and the tokens it will generate (given by the workload, or fresh ids that
 collide with nothing). So kvsim hashes the whole final sequence once, on
-arrival, and exposes the hashes of the blocks that are full *so far* through
+arrival (or, for a sequence of fresh tokens only, names its blocks without
+reading any token, ``kvsim.kv.hashing.fresh_block_hashes``), and exposes the hashes of the blocks that are full *so far* through
 ``num_tokens`` (vLLM extends ``block_hashes`` as tokens are appended, H2; the
 KV manager only ever reads hashes of blocks below ``num_tokens``).
 """
@@ -14,12 +15,17 @@ import enum
 
 import numpy as np
 
-from kvsim.kv.hashing import block_hashes
+from kvsim.kv.hashing import block_hashes, fresh_block_hashes
 from kvsim.workload.request import RequestSpec
 
 # Generated tokens without a given id are negative, unique per request, and so
 # never equal to a prompt token (prompts hold non-negative ids).
 FRESH_IDS_PER_REQUEST = 1 << 32
+
+
+def _first_fresh_id(index: int) -> int:
+    """Id of generated token 0 of request ``index``; token k gets this minus k."""
+    return -(index * FRESH_IDS_PER_REQUEST + 1)
 
 
 class RequestStatus(enum.Enum):
@@ -49,32 +55,30 @@ class Request:
         self.request_id = spec.request_id
         self.arrival_time = spec.arrival_time_s if arrival_time is None else arrival_time
         self.priority = spec.priority
-        prompt = np.asarray(spec.prompt_token_ids, dtype=np.int64)
-        self.prompt_len = len(prompt)
+        self.prompt_len = prompt_len = len(spec.prompt_token_ids)
         self.max_tokens = spec.max_tokens
         # vLLM stops at max_tokens outputs or when the sequence reaches max_model_len.
-        self.final_num_tokens = max(self.prompt_len,
-                                    min(self.prompt_len + spec.max_tokens, max_model_len))
-        num_out = self.final_num_tokens - self.prompt_len
-        if spec.output_token_ids is not None and len(spec.output_token_ids) >= num_out:
-            outputs = np.asarray(spec.output_token_ids[:num_out], dtype=np.int64)
+        self.final_num_tokens = max(prompt_len, min(prompt_len + spec.max_tokens, max_model_len))
+        # A fresh prompt followed by fresh outputs shares nothing with other
+        # requests: its blocks are named without reading token ids (this is the
+        # per-request cost of every trace replay), see fresh_block_hashes.
+        fresh = (spec.fresh_prompt_start is not None and spec.output_token_ids is None
+                 and spec.output_id_base is None)
+        tokens = None
+        if keep_tokens or (hash_blocks and not fresh):
+            tokens = self._token_ids(spec, index)
+        if not hash_blocks:
+            # Without prefix caching nothing ever reads a hash (H3: no lookup, A4: no caching).
+            self.block_hashes = []
+        elif fresh:
+            self.block_hashes = fresh_block_hashes(spec.fresh_prompt_start, prompt_len,
+                                                   _first_fresh_id(index),
+                                                   self.final_num_tokens, block_size)
         else:
-            given = np.asarray(spec.output_token_ids if spec.output_token_ids is not None else [],
-                               dtype=np.int64)
-            k = np.arange(len(given), num_out, dtype=np.int64)
-            if spec.output_id_base is not None:
-                fresh = spec.output_id_base + k
-            else:
-                fresh = -(index * FRESH_IDS_PER_REQUEST + k + 1)
-            outputs = np.concatenate([given, fresh])
-        self.all_token_ids = np.concatenate([prompt, outputs])
-        # Without prefix caching nothing ever reads a hash (H3: no lookup, A4: no caching).
-        self.block_hashes = (block_hashes(self.all_token_ids, block_size, spec.cache_salt)
-                             if hash_blocks else [])
-        if not keep_tokens:
-            # Only the debug mode reads token ids after hashing (to check hits);
-            # dropping them keeps a long waiting queue small.
-            self.all_token_ids = None
+            self.block_hashes = block_hashes(tokens, block_size, spec.cache_salt)
+        # Only the debug mode reads token ids after hashing (to check every hit
+        # against them); dropping them keeps a long waiting queue small.
+        self.all_token_ids = tokens if keep_tokens else None
         self.num_output_tokens = 0
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1          # set at first admission (S5)
@@ -86,6 +90,24 @@ class Request:
         self.finish_time = float("nan")
         self.token_times: list[float] = []
         self.fail_reason = ""
+
+    def _token_ids(self, spec: RequestSpec, index: int) -> np.ndarray:
+        """Every token id the request will hold: the prompt, then the outputs."""
+        num_out = self.final_num_tokens - self.prompt_len
+        given = spec.output_token_ids
+        if num_out == 0:
+            outputs = np.zeros(0, dtype=np.int64)
+        elif given is not None and len(given) >= num_out:
+            outputs = np.asarray(given[:num_out], dtype=np.int64)
+        else:
+            given = np.asarray(given if given is not None else [], dtype=np.int64)
+            k = np.arange(len(given), num_out, dtype=np.int64)
+            if spec.output_id_base is not None:
+                fresh = spec.output_id_base + k
+            else:
+                fresh = _first_fresh_id(index) - k
+            outputs = np.concatenate([given, fresh])
+        return np.concatenate([np.asarray(spec.prompt_token_ids, dtype=np.int64), outputs])
 
     @property
     def num_tokens(self) -> int:

@@ -24,6 +24,13 @@ class RequestSpec:
     A request with ``after_request_id`` is released ``think_time_s`` after that
     request finishes (multi-turn sessions, closed-loop clients) instead of at
     ``arrival_time_s``.
+
+    ``fresh_prompt_start`` promises that the prompt is the run of ids
+    ``start, start + 1, ..., start + len - 1`` and that no other request's
+    tokens contain any of them (only copies of this request, n > 1, share
+    them): traces without content, single-turn synthetic prompts. The engine
+    then names the prompt's blocks by ``(start, length)`` instead of hashing
+    its ids (``kvsim.kv.hashing.fresh_block_hashes``); prefix hits are the same.
     """
 
     request_id: str
@@ -38,6 +45,7 @@ class RequestSpec:
     after_request_id: str | None = None
     think_time_s: float = 0.0
     output_id_base: int | None = None     # generated token k gets id base + k (see below)
+    fresh_prompt_start: int | None = None # the prompt is a run of ids no other request holds
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -106,6 +106,8 @@ def synthetic_requests(config: WorkloadConfig, arrival: ArrivalConfig, seed: int
                     beam_width=config.beam_width,
                     after_request_id=previous_id,
                     think_time_s=think_time_s if previous_id is not None else 0.0,
+                    # A prompt of only its own user message that no later turn quotes.
+                    fresh_prompt_start=user_starts[j] if not len(history) and answer is None else None,
                 )
                 if answer is not None:
                     history = np.concatenate((prompt, answer))

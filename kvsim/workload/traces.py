@@ -183,7 +183,8 @@ def trace_requests(table: TraceTable, *, arrival: ArrivalConfig | None, seed: in
             prompt = np.arange(starts[i], starts[i] + num_prompts[i], dtype=np.int64)
         yield RequestSpec(request_id=f"r{i}", arrival_time_s=times[i], prompt_token_ids=prompt,
                           max_tokens=num_outputs[i], priority=priorities[i],
-                          cache_salt=cache_salt, n=n, beam_width=beam_width)
+                          cache_salt=cache_salt, n=n, beam_width=beam_width,
+                          fresh_prompt_start=None if starts is None else starts[i])
 
 
 def _read_csv(path: Path, columns: list[str]) -> pd.DataFrame:
