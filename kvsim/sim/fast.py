@@ -35,7 +35,6 @@ import numpy as np
 from kvsim.sched.chunked import ChunkedScheduler
 
 MIN_RUN_STEPS = 1
-FIRST_WINDOW = 32            # steps costed at first; the window grows x4 while the run goes on
 
 
 @dataclass
@@ -130,13 +129,15 @@ def _step_times(cost_model, num_seqs: int, ctx_sum: int, now: float, max_steps: 
                 until: float) -> tuple[np.ndarray, np.ndarray]:
     """Boundaries and durations of up to ``max_steps`` decode steps from ``now``.
 
-    Costs a window of steps at a time (growing x4) and stops once a step
-    would start at or after ``until``: most runs end at the next arrival, long
-    before the first request finishes. The clock is accumulated left to right,
+    Stops costing once a step would start at or after ``until``: most runs end
+    at the next arrival, long before the first request finishes. The first
+    step is costed alone; its duration bounds how many more steps can start
+    before ``until`` (steps only get longer as contexts grow), and the window
+    grows x4 if that was not enough. The clock is accumulated left to right,
     one step after the other, exactly as the step path's timeouts add up.
     """
     parts_t, parts_d = [np.array([now])], []
-    done, window, t = 0, FIRST_WINDOW, now
+    done, window, t = 0, 1, now
     while done < max_steps and t < until:
         n = min(window, max_steps - done)
         ctx = ctx_sum + num_seqs * np.arange(done, done + n, dtype=np.int64)
@@ -144,9 +145,12 @@ def _step_times(cost_model, num_seqs: int, ctx_sum: int, now: float, max_steps: 
         ts = np.cumsum(np.concatenate(([t], d)))
         parts_d.append(d)
         parts_t.append(ts[1:])
-        t = ts[-1]
+        t = float(ts[-1])
         done += n
-        window *= 4
+        if done == 1 and d[0] > 0 and until - t < d[0] * max_steps:
+            window = int((until - t) / d[0]) + 2
+        else:
+            window = max(4 * n, 16)
     if len(parts_d) == 1:
         return np.concatenate(parts_t), parts_d[0]
     return np.concatenate(parts_t), np.concatenate(parts_d)
@@ -213,16 +217,20 @@ def apply_decode_run(sched, run: DecodeRun) -> list:
     # Blocks filled during the run are hashed in (step, running index) order,
     # as the step path hashes them at schedule time.
     fills = []
+    finished = []
     for i, r in enumerate(running):
         c = r.num_computed_tokens
         if caching:
-            first_full = (c + 1) // bs
+            rid = r.request_id
             last_full = (c + k) // bs
-            for full in range(max(first_full, cached[r.request_id] + 1), last_full + 1):
-                fills.append((full * bs - c, i, full))
+            if last_full > cached[rid]:
+                for full in range(max((c + 1) // bs, cached[rid] + 1), last_full + 1):
+                    fills.append((full * bs - c, i, full))
         r.num_computed_tokens = c + k
-        r.num_output_tokens += k
+        r.num_output_tokens = out = r.num_output_tokens + k
         r.token_times.extend(token_times)
+        if r.prompt_len + out >= r.final_num_tokens:      # is_finished
+            finished.append(r)
     if fills:
         fills.sort()
         debug_tokens = kv.debug
@@ -232,4 +240,4 @@ def apply_decode_run(sched, run: DecodeRun) -> list:
             pool.cache_full_blocks(kv.req_to_blocks[rid], r.block_hashes, cached[rid], full,
                                    r.all_token_ids if debug_tokens else None, bs)
             cached[rid] = full
-    return sched.finish_requests([r for r in running if r.is_finished], float(run.times[-1]))
+    return sched.finish_requests(finished, float(run.times[-1]))
