@@ -89,7 +89,7 @@ class StepLog:
             col.append(v)
         self._len += 1
 
-    def add_run(self, starts: np.ndarray, durations: np.ndarray, free_after: list[int],
+    def add_run(self, starts: list[float], durations: list[float], free_after: list[int],
                 batch: int, waiting: int, num_finished: int, usable_blocks: int) -> None:
         """K decode steps of ``batch`` requests; the last one finishes ``num_finished``."""
         self._runs.append((self.next_step, starts, durations, free_after, batch, waiting,

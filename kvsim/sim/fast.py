@@ -28,9 +28,9 @@ always step one by one.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
-import numpy as np
 
 from kvsim.sched.chunked import ChunkedScheduler
 
@@ -41,8 +41,8 @@ MIN_RUN_STEPS = 1
 class DecodeRun:
     """K decode steps of the same B requests, starting at ``times[0]``."""
 
-    times: np.ndarray        # K + 1 step boundaries: start of step 1 .. end of step K
-    durations: np.ndarray    # K step times
+    times: list[float]       # K + 1 step boundaries: start of step 1 .. end of step K
+    durations: list[float]   # K step times
     free_before: int         # free blocks before the run
     events: list             # (step, running index) of every block allocation, in pop order
     request_ids: list        # the batch, in running (= scheduling) order
@@ -101,7 +101,7 @@ def plan_decode_run(sched, cost_model, now: float, next_event_time: float) -> De
     max_steps = min_remaining
     times, durations = _step_times(cost_model, num_seqs, ctx_sum, now, max_steps, next_event_time)
     # A step may start only strictly before the next arrival.
-    k = min(max_steps, int(np.searchsorted(times[:-1], next_event_time, side="left")))
+    k = min(max_steps, bisect_left(times, next_event_time, 0, len(times) - 1))
     if k < MIN_RUN_STEPS:
         return None
 
@@ -126,7 +126,7 @@ def plan_decode_run(sched, cost_model, now: float, next_event_time: float) -> De
 
 
 def _step_times(cost_model, num_seqs: int, ctx_sum: int, now: float, max_steps: int,
-                until: float) -> tuple[np.ndarray, np.ndarray]:
+                until: float) -> tuple[list[float], list[float]]:
     """Boundaries and durations of up to ``max_steps`` decode steps from ``now``.
 
     Stops costing once a step would start at or after ``until``: most runs end
@@ -136,24 +136,22 @@ def _step_times(cost_model, num_seqs: int, ctx_sum: int, now: float, max_steps: 
     grows x4 if that was not enough. The clock is accumulated left to right,
     one step after the other, exactly as the step path's timeouts add up.
     """
-    parts_t, parts_d = [np.array([now])], []
+    times, durations = [now], []
     done, window, t = 0, 1, now
     while done < max_steps and t < until:
         n = min(window, max_steps - done)
-        ctx = ctx_sum + num_seqs * np.arange(done, done + n, dtype=np.int64)
-        d = np.asarray(cost_model.decode_step_times(num_seqs, ctx), dtype=float)
-        ts = np.cumsum(np.concatenate(([t], d)))
-        parts_d.append(d)
-        parts_t.append(ts[1:])
-        t = float(ts[-1])
+        d = cost_model.decode_step_times(
+            num_seqs, [ctx_sum + num_seqs * j for j in range(done, done + n)]).tolist()
+        for x in d:
+            t += x
+            times.append(t)
+        durations += d
         done += n
         if done == 1 and d[0] > 0 and until - t < d[0] * max_steps:
             window = int((until - t) / d[0]) + 2
         else:
             window = max(4 * n, 16)
-    if len(parts_d) == 1:
-        return np.concatenate(parts_t), parts_d[0]
-    return np.concatenate(parts_t), np.concatenate(parts_d)
+    return times, durations
 
 
 def _blocked_head(sched):
@@ -210,7 +208,7 @@ def apply_decode_run(sched, run: DecodeRun) -> list:
         blocks_of = kv.req_to_blocks
         for block, (_, i) in zip(popped, run.events):
             blocks_of[running[i].request_id].append(block)
-    token_times = run.times[1:].tolist()
+    token_times = run.times[1:]
     cached = kv.num_cached_block
     bs = kv.block_size
     caching = kv.enable_caching
