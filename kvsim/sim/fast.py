@@ -20,6 +20,12 @@ stops *before* any step that could differ:
 * any step at all if the waiting head could be admitted, or could become
   admissible because a running request is writing its next prefix block.
 
+A step that does admit (the head of the waiting queue fits) while every
+running request decodes goes through ``schedule_decoding_step``: the same
+``schedule()``, with the running requests' one-token chunks allocated in one
+pass instead of one ``allocate_slots`` call each; admission is the
+scheduler's own code.
+
 Only the ``chunked`` scheduler has a fast path; ``continuous`` and ``static``
 always step one by one.
 
@@ -31,7 +37,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-
+from kvsim.sched.base import StepPlan, commit_scheduled
 from kvsim.sched.chunked import ChunkedScheduler
 
 MIN_RUN_STEPS = 1
@@ -239,3 +245,55 @@ def apply_decode_run(sched, run: DecodeRun) -> list:
                                    r.all_token_ids if debug_tokens else None, bs)
             cached[rid] = full
     return sched.finish_requests(finished, float(run.times[-1]))
+
+
+def schedule_decoding_step(sched) -> StepPlan | None:
+    """``sched.schedule()`` for a step in which every running request decodes, or None.
+
+    The running requests each get one token, in running order (S2); a request
+    whose next token starts a block gets a block, popped in running order, and
+    a request whose token completes a block caches it (A4), before any waiting
+    request is admitted (so it can hit those blocks, TV5). Then the waiting
+    queue is served by the scheduler's own ``_schedule_waiting`` (S3-S5). The
+    plan is the one ``schedule()`` returns. None (use ``schedule()``) when a
+    request has a prefill chunk pending, the budget does not cover every
+    decode, or the free blocks do not cover the new ones (a preemption).
+    """
+    if type(sched) is not ChunkedScheduler or sched.kv._any_forks:
+        return None
+    running = sched.running
+    budget = sched.config.max_num_batched_tokens - len(running)
+    if budget < 0:
+        return None
+    kv = sched.kv
+    bs = kv.block_size
+    blocks_of = kv.req_to_blocks
+    new_block_for = []
+    scheduled = []
+    for r in running:
+        c = r.num_computed_tokens
+        out = r.num_output_tokens
+        if out == 0 or r.prompt_len + out - c != 1:
+            return None                       # a prefill chunk is pending
+        if c >= len(blocks_of[r.request_id]) * bs:
+            new_block_for.append(r)
+        scheduled.append((r, 1, c))
+    if len(new_block_for) > kv.get_num_free_blocks():
+        return None                           # someone would be preempted
+    if new_block_for:
+        for r, block in zip(new_block_for, kv.pool.get_new_blocks(len(new_block_for))):
+            blocks_of[r.request_id].append(block)
+    if kv.enable_caching:
+        cached = kv.num_cached_block
+        for r, _, c in scheduled:
+            full = (c + 1) // bs
+            rid = r.request_id
+            if full > cached[rid]:
+                kv.pool.cache_full_blocks(blocks_of[rid], r.block_hashes, cached[rid], full,
+                                          r.all_token_ids if kv.debug else None, bs)
+                cached[rid] = full
+    plan = StepPlan(scheduled=scheduled)
+    sched.refresh_threshold()
+    sched._schedule_waiting(plan, budget)
+    commit_scheduled(plan)
+    return plan
