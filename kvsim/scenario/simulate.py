@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pandas as pd
 from kvsim.metrics.schema import REQUEST_COLUMNS, STEP_COLUMNS
 from kvsim.metrics.streaming import StreamingStats
 from kvsim.metrics.summary import summarize
+from kvsim.metrics.tables import write_csv
 from kvsim.scenario.loader import LoadedScenario, load_scenario
 from kvsim.sched.request import Request, RequestStatus
 from kvsim.sim.engine import Engine
@@ -34,8 +36,9 @@ class Result:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=False) + "\n")
-        self.requests.to_csv(out / "requests.csv", index=False)
-        self.steps.to_csv(out / "steps.csv", index=False)
+        # The same bytes as DataFrame.to_csv(index=False), several times faster.
+        write_csv(self.requests, out / "requests.csv")
+        write_csv(self.steps, out / "steps.csv")
         return out
 
 
@@ -122,6 +125,14 @@ def steps_frame(engine: Engine) -> pd.DataFrame:
 
 
 def itl_seconds(done: list[Request]) -> np.ndarray:
-    gaps = [np.diff(r.token_times) for r in done
-            if r.status is not RequestStatus.FAILED and len(r.token_times) > 1]
-    return np.concatenate(gaps) if gaps else np.zeros(0)
+    """Every gap between consecutive tokens of each completed request, request by request."""
+    times = [r.token_times for r in done
+             if r.status is not RequestStatus.FAILED and len(r.token_times) > 1]
+    if not times:
+        return np.zeros(0)
+    # One diff over all requests' token times, less the gaps between requests
+    # (a np.diff per request costs more than its arithmetic).
+    lengths = np.fromiter(map(len, times), dtype=np.int64, count=len(times))
+    flat = np.fromiter(chain.from_iterable(times), dtype=float, count=int(lengths.sum()))
+    across = np.cumsum(lengths)[:-1] - 1       # gap from a request's last token to the next's first
+    return np.delete(np.diff(flat), across)

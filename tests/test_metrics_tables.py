@@ -1,0 +1,79 @@
+"""The CSV writer of the run tables writes what ``DataFrame.to_csv(index=False)`` writes."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kvsim.metrics.tables import column_text, write_csv
+
+NAN = float("nan")
+
+
+def pandas_and_ours(tmp_path, frame):
+    frame.to_csv(tmp_path / "pandas.csv", index=False)
+    write_csv(frame, tmp_path / "ours.csv")
+    return (tmp_path / "pandas.csv").read_bytes(), (tmp_path / "ours.csv").read_bytes()
+
+
+def test_numbers_are_written_as_pandas_writes_them(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 500
+    frame = pd.DataFrame({
+        "clock": np.cumsum(rng.random(n)),                         # never repeats
+        "duration": rng.choice([0.0091, 1e-05, 2.5, 1e16, 123456789.125], n),  # repeats
+        "usage": 1.0 - rng.integers(0, 40, n) / 37.0,
+        "step": np.arange(n),                                      # wide integer range
+        "batch": rng.integers(-3, 30, n),                          # narrow range, negatives
+        "big": rng.integers(0, 2**62, n),
+        "flag": rng.random(n) < 0.5,
+    })
+    ours, theirs = pandas_and_ours(tmp_path, frame)
+    assert ours == theirs
+
+
+def test_missing_values_signed_zero_and_infinities(tmp_path):
+    values = [0.0, -0.0, NAN, float("inf"), -float("inf"), 1.5] * 10
+    frame = pd.DataFrame({"x": values, "y": values[::-1], "n": range(60)})
+    ours, theirs = pandas_and_ours(tmp_path, frame)
+    assert ours == theirs
+    assert column_text([NAN, -0.0, 0.0]) == ["", "-0.0", "0.0"]
+
+
+def test_strings_are_quoted_only_when_they_must_be(tmp_path):
+    frame = pd.DataFrame({
+        "request_id": ["r0", "a,b", 'say "hi"', "two\nlines", "cr\rhere", "", "r6"],
+        "fail_reason": ["", None, NAN, "prompt too long", "x", "y", "z"],
+        "status": pd.array(["completed", None, "failed", "completed", "failed", "a", "b"],
+                           dtype="string"),
+        "priority": [0, 1, 2, 3, 4, 5, 6],
+    })
+    ours, theirs = pandas_and_ours(tmp_path, frame)
+    assert ours == theirs                  # a lone "\r" is quoted as this Python's csv does
+    ids = ["r0", "a,b", 'say "hi"', "two\nlines", "", "r6"]
+    write_csv({"request_id": ids}, tmp_path / "ids.csv")
+    assert pd.read_csv(tmp_path / "ids.csv", keep_default_na=False)["request_id"].tolist() == ids
+
+
+def test_a_one_column_table_quotes_its_empty_fields(tmp_path):
+    ours, theirs = pandas_and_ours(tmp_path, pd.DataFrame({"a": ["x", "", None, NAN]}))
+    assert ours == theirs == b'a\nx\n""\n""\n""\n'
+    ours, theirs = pandas_and_ours(tmp_path, pd.DataFrame({"": [1.5, NAN]}))
+    assert ours == theirs
+
+
+def test_an_empty_table_has_its_header_only(tmp_path):
+    frame = pd.DataFrame({"step": np.zeros(0, dtype=np.int64), "start_time_s": np.zeros(0)})
+    ours, theirs = pandas_and_ours(tmp_path, frame)
+    assert ours == theirs == b"step,start_time_s\n"
+
+
+def test_a_mapping_of_columns_is_written_like_its_data_frame(tmp_path):
+    columns = {"a": np.arange(40), "b": np.linspace(0, 1, 40), "c": [f"r{i}" for i in range(40)]}
+    write_csv(columns, tmp_path / "ours.csv")
+    pd.DataFrame(columns).to_csv(tmp_path / "pandas.csv", index=False)
+    assert (tmp_path / "ours.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()
+
+
+def test_columns_of_different_lengths_are_an_error(tmp_path):
+    with pytest.raises(ValueError, match="different lengths"):
+        write_csv({"a": [1, 2], "b": [1]}, tmp_path / "x.csv")

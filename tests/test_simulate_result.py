@@ -1,0 +1,41 @@
+"""``Result``: its inter-token gaps and the files ``kvsim run --out`` writes."""
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+
+import kvsim
+from kvsim.sched.request import RequestStatus
+from kvsim.scenario.simulate import itl_seconds
+
+SCENARIO = {
+    "name": "result-files", "seed": 1, "model": "llama-3.1-8b", "hardware": {"gpu": "h100-sxm"},
+    "engine": {"max_num_batched_tokens": 256, "max_model_len": 2048},
+    "cost_model": {"type": "roofline"},
+    "workload": {"num_requests": 40, "arrival": {"type": "poisson", "rate": 30.0},
+                 "prompt_len": {"type": "uniform", "low": 20, "high": 600},
+                 "output_len": {"type": "uniform", "low": 1, "high": 60}},
+}
+
+
+def test_itl_is_every_gap_of_every_completed_request_in_order():
+    def req(times, status=RequestStatus.FINISHED):
+        return SimpleNamespace(token_times=times, status=status)
+
+    done = [req([0.0, 0.5, 0.75]), req([1.0]), req([2.0, 2.1], RequestStatus.FAILED),
+            req([3.0, 3.25, 3.5, 4.0]), req([])]
+    expected = np.concatenate([np.diff([0.0, 0.5, 0.75]), np.diff([3.0, 3.25, 3.5, 4.0])])
+    np.testing.assert_array_equal(itl_seconds(done), expected)
+    assert itl_seconds([req([1.0])]).shape == (0,)
+
+
+def test_written_files_are_the_tables_as_pandas_writes_them(tmp_path):
+    result = kvsim.simulate(SCENARIO)
+    out = result.write(tmp_path / "run")
+    for name, table in (("requests", result.requests), ("steps", result.steps)):
+        table.to_csv(tmp_path / f"{name}-pandas.csv", index=False)
+        assert (out / f"{name}.csv").read_bytes() == (tmp_path / f"{name}-pandas.csv").read_bytes()
+    pd.testing.assert_frame_equal(pd.read_csv(out / "steps.csv"), result.steps)
+    assert json.loads((out / "summary.json").read_text())["completed"] == result.summary["completed"]
