@@ -2,21 +2,44 @@
 
 This reproduces vLLM V1's ``BlockPool`` + ``FreeKVCacheBlockQueue``
 (kv-semantics.md section 1). Blocks are plain integers ``0..N-1``; their state
-lives in parallel lists so that the hot paths stay cheap::
+lives in parallel lists (``ref_cnt``, ``block_hash``). A block other than the
+null block is free exactly when its ``ref_cnt`` is 0.
 
-    free queue (doubly linked, O(1) pop / unlink / append / prepend)
+vLLM keeps the free queue as a doubly linked list. kvsim keeps the same order
+in a deque of *segments*: each ``free_blocks`` call adds its freed blocks as
+one list, at the tail (hashed blocks) or the head (unhashed blocks, B7), and
+``get_new_blocks`` pops from the head by slicing, so the common calls cost a
+few list operations per block instead of four link updates::
 
-      HEAD <-> b4 <-> b5 <-> b2 <-> b1 <-> TAIL
-      ^ popped first by get_new_blocks     ^ freed hashed blocks land here
-        (eviction = free-queue order)
+    free queue (head on the left)
 
-Block 0 is the null block: popped at start, never freed, never cached
+      [b4 b5]  [b2 b9 b7 b3]  [b8 b1 b6]
+       ^ popped first              ^ freed hashed blocks land here
+         (eviction = free-queue order)          (one segment per call)
+
+      a segment is [ids, start]: ids[start:] are still queued
+
+``touch`` (B5) takes a free block out of the *middle* of the queue. Instead of
+searching for it, kvsim leaves its entry where it is and counts it as dead in
+``_stale[block]``; the head skips dead entries when it reaches them. This is
+exact because a block's dead entries always lie before its live one: only
+hashed blocks are revived by a prefix hit, a hashed block keeps its hash
+until it is popped, and so it can only re-enter the queue at the tail. (The
+odd touch of an unhashed free block compacts the queue at once.) Compaction
+also bounds the dead entries to ``num_gpu_blocks``.
+
+The hash map is exact (``hash -> block``, or ``hash -> {block: None}`` for
+the B8 duplicates); an evicted block leaves it at once.
+
+Block 0 is the null block: never queued, never freed, never cached
 (kv-semantics B2), so ``num_usable_blocks = N - 1``.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
+from operator import itemgetter
 
 NULL_BLOCK_ID = 0
 
@@ -41,23 +64,19 @@ class BlockPool:
         n = num_gpu_blocks
         self.ref_cnt: list[int] = [0] * n
         self.block_hash: list[int | None] = [None] * n
-        # Intrusive free list over block ids; n is the head sentinel, n+1 the tail.
-        self._head, self._tail = n, n + 1
-        self._prev: list[int] = [-1] * (n + 2)
-        self._next: list[int] = [-1] * (n + 2)
-        self._in_free: list[bool] = [False] * n
-        self._num_free = 0
-        self._next[self._head] = self._tail
-        self._prev[self._tail] = self._head
-        for block_id in range(n):
-            self._append(block_id)
+        # The free queue: segments [ids, start], head first. At start it holds
+        # every block in id order, less the null block (B2).
+        self._queue: deque[list] = deque([[list(range(1, n)), 0]])
+        self._num_free = n - 1
+        # Dead entries left in the queue by touch(): block -> how many.
+        self._stale: dict[int, int] = {}
+        self._num_stale = 0
         # Hash -> block id, or hash -> {block id: None} when several blocks
         # hold the same content: vLLM does not de-duplicate (kv-semantics B8).
         self._cached: dict[int, int | dict[int, None]] = {}
+        self._num_multi = 0           # hashes held by several blocks, i.e. dict entries
         # Debug mode keeps the tokens each block holds, to check every hit.
         self.block_tokens: list[tuple | None] = [None] * n
-        # The null block is taken out at start and never returned (B2).
-        self._remove(NULL_BLOCK_ID)
 
     # ------------------------------------------------------------------ public
 
@@ -75,10 +94,16 @@ class BlockPool:
 
     def free_queue(self) -> list[int]:
         """The free queue from head to tail (for tests and debugging)."""
-        out, b = [], self._next[self._head]
-        while b != self._tail:
-            out.append(b)
-            b = self._next[b]
+        out = []
+        dead = dict(self._stale)
+        for ids, start in self._queue:
+            for i in range(start, len(ids)):
+                b = ids[i]
+                k = dead.get(b)
+                if k:
+                    dead[b] = k - 1          # a dead entry: skipped, as the head would
+                else:
+                    out.append(b)
         return out
 
     def get_cached_block(self, block_hash: int) -> int | None:
@@ -92,47 +117,63 @@ class BlockPool:
         return len(self._cached)
 
     def is_free(self, block_id: int) -> bool:
-        return self._in_free[block_id]
+        return self.ref_cnt[block_id] == 0 and block_id != NULL_BLOCK_ID
 
     def get_new_blocks(self, num_blocks: int) -> list[int]:
         """Pop ``num_blocks`` from the head; evict their hashes; ref_cnt = 1 (B4)."""
         if num_blocks > self._num_free:
             raise ValueError(f"cannot get {num_blocks} blocks: only {self._num_free} free")
-        out = []
-        nxt, prv, head = self._next, self._prev, self._head
-        in_free, ref, block_hash, cached = self._in_free, self.ref_cnt, self.block_hash, self._cached
-        b = nxt[head]
-        for _ in range(num_blocks):
-            in_free[b] = False
-            h = block_hash[b]
-            if h is not None:
-                # Eviction (inline _evict): drop this block from the hash map.
-                entry = cached[h]
-                if type(entry) is int:
-                    del cached[h]
-                else:
-                    del entry[b]
-                    if len(entry) == 1:
-                        cached[h] = next(iter(entry))
-                block_hash[b] = None
-                if self.debug:
-                    self.block_tokens[b] = None
-            ref[b] = 1
-            out.append(b)
-            b = nxt[b]
-        # Unlink the popped run from the head in one go.
-        nxt[head] = b
-        prv[b] = head
+        if num_blocks <= 0:
+            return []
+        out = self._pop(num_blocks)
         self._num_free -= num_blocks
+        ref, block_hash = self.ref_cnt, self.block_hash
+        if num_blocks == 1:
+            b = out[0]
+            ref[b] = 1
+            if block_hash[b] is not None:
+                self._evict(b)
+            return out
+        hashes = itemgetter(*out)(block_hash)
+        if hashes.count(None) == num_blocks:
+            for b in out:
+                ref[b] = 1
+            return out
+        # Some popped blocks hold a hash: eviction drops them from the map (B4).
+        if self._num_multi:
+            for b in out:
+                ref[b] = 1
+                if block_hash[b] is not None:
+                    self._evict(b)
+            return out
+        # Every map entry is a single block: delete the keys in bulk.
+        for b in out:
+            ref[b] = 1
+            block_hash[b] = None
+        cached = self._cached
+        for h in hashes:
+            if h is not None:
+                del cached[h]
+        if self.debug:
+            for b in out:
+                self.block_tokens[b] = None
         return out
 
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on prefix-hit blocks, reviving free ones (B5)."""
         ref = self.ref_cnt
         for b in blocks:
-            if ref[b] == 0 and self._in_free[b]:
-                self._remove(b)
-            ref[b] += 1
+            c = ref[b]
+            if c == 0 and b != NULL_BLOCK_ID:
+                # Leave its queue entry in place, counted as dead (see module doc).
+                self._num_free -= 1
+                self._stale[b] = self._stale.get(b, 0) + 1
+                self._num_stale += 1
+                ref[b] = 1
+                if self.block_hash[b] is None or self._num_stale > self.num_gpu_blocks:
+                    self._compact()
+            else:
+                ref[b] = c + 1
 
     def free_blocks(self, ordered_blocks: Iterable[int]) -> None:
         """Drop one reference from each block, in order; return those at 0 (B6, B7).
@@ -142,33 +183,38 @@ class BlockPool:
         with ``lifo_unhashed`` the ones without a hash are prepended to the head,
         keeping their order, so they are reused first (vLLM PR #42656).
         """
+        blocks = ordered_blocks if type(ordered_blocks) is list else list(ordered_blocks)
+        if NULL_BLOCK_ID in blocks:
+            blocks = [b for b in blocks if b != NULL_BLOCK_ID]
         ref = self.ref_cnt
-        block_hash = self.block_hash
-        lifo = self.lifo_unhashed
-        to_head = []
-        nxt, prv, in_free, tail = self._next, self._prev, self._in_free, self._tail
-        for b in ordered_blocks:
-            if b == NULL_BLOCK_ID:
-                continue
-            c = ref[b] - 1
-            ref[b] = c
-            if c > 0:
-                continue
-            if c < 0:
-                raise AssertionError(f"block {b}: ref_cnt went negative")
-            if lifo and block_hash[b] is None:
-                to_head.append(b)
-            else:
-                # _append, inlined: this loop runs for every block ever freed.
-                last = prv[tail]
-                nxt[last] = b
-                prv[b] = last
-                nxt[b] = tail
-                prv[tail] = b
-                in_free[b] = True
-                self._num_free += 1
-        for b in reversed(to_head):
-            self._prepend(b)
+        to_tail: list[int] = []
+        if self.lifo_unhashed:
+            block_hash = self.block_hash
+            to_head: list[int] = []
+            for b in blocks:
+                c = ref[b] - 1
+                ref[b] = c
+                if c == 0:
+                    if block_hash[b] is None:
+                        to_head.append(b)
+                    else:
+                        to_tail.append(b)
+                elif c < 0:
+                    raise AssertionError(f"block {b}: ref_cnt went negative")
+            if to_head:
+                self._queue.appendleft([to_head, 0])
+                self._num_free += len(to_head)
+        else:
+            for b in blocks:
+                c = ref[b] - 1
+                ref[b] = c
+                if c == 0:
+                    to_tail.append(b)
+                elif c < 0:
+                    raise AssertionError(f"block {b}: ref_cnt went negative")
+        if to_tail:
+            self._queue.append([to_tail, 0])
+            self._num_free += len(to_tail)
 
     def cache_full_blocks(self, blocks: Sequence[int], block_hashes: Sequence[int],
                           num_cached_blocks: int, num_full_blocks: int,
@@ -178,27 +224,55 @@ class BlockPool:
         Runs at schedule time, before the forward pass, so a request scheduled
         later in the same step can already hit these blocks (TV5).
         """
+        if num_full_blocks - num_cached_blocks == 1 and not self.debug:
+            # One block, the common call (a decoding request fills a block).
+            b = blocks[num_cached_blocks]
+            if b != NULL_BLOCK_ID:
+                h = block_hashes[num_cached_blocks]
+                self.block_hash[b] = h
+                if self._cached.setdefault(h, b) != b:
+                    self._add_duplicate(h, b)
+            return
         cached = self._cached
         block_hash = self.block_hash
+        with_tokens = self.debug and tokens is not None
+        if num_full_blocks - num_cached_blocks > 2 and not with_tokens:
+            # Bulk path: when every hash is new, one dict.update does the map.
+            new = blocks[num_cached_blocks:num_full_blocks]
+            hashes = block_hashes[num_cached_blocks:num_full_blocks]
+            if NULL_BLOCK_ID not in new and cached.keys().isdisjoint(hashes):
+                before = len(cached)
+                cached.update(zip(hashes, new))
+                if len(cached) - before == len(new):
+                    for b, h in zip(new, hashes):
+                        block_hash[b] = h
+                    return
+                for h in hashes:                # a hash repeats within the call (B8):
+                    cached.pop(h, None)         # undo, and take the block-by-block path
         for i in range(num_cached_blocks, num_full_blocks):
             b = blocks[i]
             if b == NULL_BLOCK_ID:
                 continue
             h = block_hashes[i]
             block_hash[b] = h
-            entry = cached.get(h)
-            if entry is None:
-                cached[h] = b
-            elif type(entry) is int:
-                cached[h] = {entry: None, b: None}
-            else:
-                entry[b] = None
-            if self.debug and tokens is not None:
+            if cached.setdefault(h, b) != b:
+                self._add_duplicate(h, b)
+            if with_tokens:
                 self.block_tokens[b] = tuple(tokens[i * block_size:(i + 1) * block_size])
 
     # ----------------------------------------------------------------- private
 
+    def _add_duplicate(self, h: int, b: int) -> None:
+        """Store ``b`` under ``h`` after the blocks already there (B8: no dedup)."""
+        entry = self._cached[h]
+        if type(entry) is int:
+            self._cached[h] = {entry: None, b: None}
+            self._num_multi += 1
+        else:
+            entry[b] = None
+
     def _evict(self, b: int) -> None:
+        """Drop block ``b`` from the hash map; the first remaining block stays first."""
         h = self.block_hash[b]
         entry = self._cached[h]
         if type(entry) is int:
@@ -207,30 +281,54 @@ class BlockPool:
             del entry[b]
             if len(entry) == 1:
                 self._cached[h] = next(iter(entry))
+                self._num_multi -= 1
         self.block_hash[b] = None
         self.block_tokens[b] = None
 
-    def _append(self, b: int) -> None:
-        last = self._prev[self._tail]
-        self._next[last] = b
-        self._prev[b] = last
-        self._next[b] = self._tail
-        self._prev[self._tail] = b
-        self._in_free[b] = True
-        self._num_free += 1
+    def _pop(self, n: int) -> list[int]:
+        """The first ``n`` live entries of the queue, taken off it (n <= free)."""
+        queue = self._queue
+        seg = queue[0]
+        ids, start = seg
+        end = start + n
+        if end < len(ids) and not (self._num_stale and not self._stale.keys().isdisjoint(ids[start:end])):
+            seg[1] = end                        # the common case: inside the head segment
+            return ids[start:end]
+        out: list[int] = []
+        stale = self._stale
+        while n:
+            ids, start = seg = queue[0]
+            end = min(start + n, len(ids))
+            window = ids[start:end]
+            if self._num_stale and not stale.keys().isdisjoint(window):
+                # Dead entries in the way: walk them one by one.
+                i = start
+                while n and i < len(ids):
+                    b = ids[i]
+                    i += 1
+                    k = stale.get(b)
+                    if k:
+                        if k == 1:
+                            del stale[b]
+                        else:
+                            stale[b] = k - 1
+                        self._num_stale -= 1
+                    else:
+                        out.append(b)
+                        n -= 1
+                end = i
+            else:
+                out += window
+                n -= end - start
+            if end == len(ids):
+                queue.popleft()
+            else:
+                seg[1] = end
+        return out
 
-    def _prepend(self, b: int) -> None:
-        first = self._next[self._head]
-        self._prev[first] = b
-        self._next[b] = first
-        self._prev[b] = self._head
-        self._next[self._head] = b
-        self._in_free[b] = True
-        self._num_free += 1
-
-    def _remove(self, b: int) -> None:
-        p, n = self._prev[b], self._next[b]
-        self._next[p] = n
-        self._prev[n] = p
-        self._in_free[b] = False
-        self._num_free -= 1
+    def _compact(self) -> None:
+        """Rebuild the queue without its dead entries."""
+        live = self.free_queue()
+        self._queue = deque([[live, 0]]) if live else deque()
+        self._stale.clear()
+        self._num_stale = 0

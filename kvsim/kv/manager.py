@@ -178,7 +178,7 @@ class KVCacheManager:
         blocks = self.req_to_blocks.pop(req.request_id, None)
         self.num_cached_block.pop(req.request_id, None)
         if blocks:
-            self.pool.free_blocks(reversed(blocks))
+            self.pool.free_blocks(blocks[::-1])
 
     def fork(self, parent, child) -> None:
         """Let ``child`` share all of ``parent``'s blocks (copy-on-write, V5).
