@@ -10,6 +10,7 @@ import pytest
 from kvsim.cost import BatchShape, ConstantCostModel, build_cost_model, step_time_function
 from kvsim.cost.features import decode_attention_work, prefill_attention_work, rank_shapes
 from kvsim.cost.fitted import PROFILE_DIR, load_profile
+from kvsim.cost.step_model import _SCALAR_DECODE_RUN
 from kvsim.specs import list_gpus, list_models, load_gpu, load_model
 
 from calibration.replay import RTX4090  # noqa: E402  (an inline GPU spec, no torch)
@@ -46,13 +47,14 @@ def test_decode_step_times_equal_step_time_on_all_decode_batch(make, num_seqs):
 
 @pytest.mark.parametrize("make", [roofline, fitted, lambda: roofline(load_model("deepseek-v2-lite"), H100, 1, "fp8")],
                          ids=["roofline", "fitted", "roofline-mla-moe-fp8"])
-@pytest.mark.parametrize("num_steps", [1, 16, 17, 300])
+@pytest.mark.parametrize("num_steps", [1, _SCALAR_DECODE_RUN, _SCALAR_DECODE_RUN + 1, 300])
 def test_decode_step_times_of_short_and_long_runs_equal_step_time_exactly(make, num_steps):
     # short runs are costed in a Python loop, long ones with numpy: both exact
     cm = make()
     sums = 5000 + 9 * np.arange(num_steps, dtype=np.int64)
     fast = cm.decode_step_times(9, sums)
     assert fast.dtype == np.float64 and fast.shape == (num_steps,)
+    np.testing.assert_array_equal(cm.decode_step_times(9, sums.tolist()), fast)  # a list will do
     for k in (0, num_steps // 2, num_steps - 1):
         assert fast[k] == cm.step_time_from_lists([1] * 9, [int(sums[k])] + [0] * 8, 9)
 

@@ -143,9 +143,11 @@ class StepCostModel:
         overhead = self._overhead_time(num_seqs)
         if num_seqs <= 0 or len(context_token_sums) <= _SCALAR_DECODE_RUN:
             # Short runs (the common case): a loop of floats beats a dozen ufunc calls.
+            sums = context_token_sums
+            if isinstance(sums, np.ndarray):
+                sums = sums.tolist()
             attn = self._decode_attention_time_scalar
-            return np.array([linear + attn(num_seqs, s) + allreduce + overhead
-                             for s in np.asarray(context_token_sums, dtype=float).tolist()],
+            return np.array([linear + attn(num_seqs, float(s)) + allreduce + overhead for s in sums],
                             dtype=float)
         t = self._decode_attention_times(num_seqs, np.array(context_token_sums, dtype=float))
         t += linear
@@ -269,8 +271,9 @@ class StepCostModel:
 
 
 # Decode runs up to this many steps are costed in a Python loop, longer ones
-# with numpy (measured: the loop costs ~1 µs a step, numpy ~15 µs a call).
-_SCALAR_DECODE_RUN = 16
+# with numpy (measured on W1: the loop costs ~1 µs a step, numpy ~25-40 µs a
+# call; the fast path asks for one step, then windows of 16 and more).
+_SCALAR_DECODE_RUN = 32
 
 
 def _roofline_terms(c: OpCoefficients) -> tuple[float, float, float, float, float]:
