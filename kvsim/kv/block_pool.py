@@ -125,7 +125,17 @@ class BlockPool:
             raise ValueError(f"cannot get {num_blocks} blocks: only {self._num_free} free")
         if num_blocks <= 0:
             return []
-        out = self._pop(num_blocks)
+        seg = self._queue[0]
+        ids, start = seg
+        end = start + num_blocks
+        if end <= len(ids) and not self._num_stale:
+            out = ids[start:end]                # the common case: a slice of the head segment
+            if end == len(ids):
+                self._queue.popleft()
+            else:
+                seg[1] = end
+        else:
+            out = self._pop(num_blocks)
         self._num_free -= num_blocks
         ref, block_hash = self.ref_cnt, self.block_hash
         if num_blocks == 1:
@@ -202,8 +212,7 @@ class BlockPool:
                 elif c < 0:
                     raise AssertionError(f"block {b}: ref_cnt went negative")
             if to_head:
-                self._queue.appendleft([to_head, 0])
-                self._num_free += len(to_head)
+                self._prepend(to_head)
         else:
             for b in blocks:
                 c = ref[b] - 1
@@ -213,8 +222,7 @@ class BlockPool:
                 elif c < 0:
                     raise AssertionError(f"block {b}: ref_cnt went negative")
         if to_tail:
-            self._queue.append([to_tail, 0])
-            self._num_free += len(to_tail)
+            self._append(to_tail)
 
     def cache_full_blocks(self, blocks: Sequence[int], block_hashes: Sequence[int],
                           num_cached_blocks: int, num_full_blocks: int,
@@ -285,19 +293,37 @@ class BlockPool:
         self.block_hash[b] = None
         self.block_tokens[b] = None
 
+    def _append(self, blocks: list[int]) -> None:
+        """Queue ``blocks`` at the tail, in order."""
+        queue = self._queue
+        if len(queue) > 1:
+            queue[-1][0].extend(blocks)         # the tail segment, not the head: nothing popped from it
+        else:
+            queue.append([blocks, 0])
+        self._num_free += len(blocks)
+
+    def _prepend(self, blocks: list[int]) -> None:
+        """Queue ``blocks`` at the head, in order."""
+        queue = self._queue
+        k = len(blocks)
+        if queue and queue[0][1] >= k:
+            # Reuse the slots already popped from the head segment.
+            seg = queue[0]
+            start = seg[1] - k
+            seg[0][start:start + k] = blocks
+            seg[1] = start
+        else:
+            queue.appendleft([blocks, 0])
+        self._num_free += k
+
     def _pop(self, n: int) -> list[int]:
         """The first ``n`` live entries of the queue, taken off it (n <= free)."""
         queue = self._queue
-        seg = queue[0]
-        ids, start = seg
-        end = start + n
-        if end < len(ids) and not (self._num_stale and not self._stale.keys().isdisjoint(ids[start:end])):
-            seg[1] = end                        # the common case: inside the head segment
-            return ids[start:end]
         out: list[int] = []
         stale = self._stale
         while n:
-            ids, start = seg = queue[0]
+            seg = queue[0]
+            ids, start = seg
             end = min(start + n, len(ids))
             window = ids[start:end]
             if self._num_stale and not stale.keys().isdisjoint(window):
