@@ -22,7 +22,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--trace", metavar="FILE.jsonl",
                    help="write the step trace (one JSON object per engine step)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=run_command)
+    # Everything is written and closed when run_command returns: skip the
+    # interpreter's teardown when run as a program (kvsim/cli.py).
+    p.set_defaults(func=run_command, exit_without_cleanup=True)
 
 
 def run_command(args: argparse.Namespace) -> int:
