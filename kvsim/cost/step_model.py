@@ -93,9 +93,9 @@ class StepCostModel:
         self._kv_bytes_per_token_layer = sh.kv_bytes_per_token_layer
         self._q_bytes_per_token = sh.q_bytes_per_token
         self._prefill_heads = sh.kv_heads if self.prefill_attention.wave_kv_heads else sh.q_heads
-        mixed = self.mixed_decode_attention or self.decode_attention
-        self._decode_coef = _roofline_terms(self.decode_attention)
-        self._mixed_decode_coef = _roofline_terms(mixed)
+        mixed = self.mixed_decode_attention
+        self._decode_coef = _decode_terms(self.decode_attention)
+        self._mixed_decode_coef = _decode_terms(self.decode_attention if mixed is None else mixed)
         self._allreduce_calls = sh.allreduce_calls
         self._ring_factor = 2.0 * (sh.tp - 1) / sh.tp
 
@@ -276,7 +276,7 @@ class StepCostModel:
 _SCALAR_DECODE_RUN = 32
 
 
-def _roofline_terms(c: OpCoefficients) -> tuple[float, float, float, float, float]:
+def _decode_terms(c: OpCoefficients) -> tuple[float, float, float, float, float]:
     """What decode attention reads of its coefficients, as plain floats."""
     return (float(c.sec_per_flop), float(c.sec_per_byte), float(c.floor_s), float(c.const_s),
             float(c.sec_per_token))
