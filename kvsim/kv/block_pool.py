@@ -6,18 +6,22 @@ lives in parallel lists (``ref_cnt``, ``block_hash``). A block other than the
 null block is free exactly when its ``ref_cnt`` is 0.
 
 vLLM keeps the free queue as a doubly linked list. kvsim keeps the same order
-in a deque of *segments*: each ``free_blocks`` call adds its freed blocks as
-one list, at the tail (hashed blocks) or the head (unhashed blocks, B7), and
-``get_new_blocks`` pops from the head by slicing, so the common calls cost a
-few list operations per block instead of four link updates::
+in a deque of *segments*, plain lists of block ids, so that a call costs a few
+list operations per block instead of four link updates::
 
     free queue (head on the left)
 
-      [b4 b5]  [b2 b9 b7 b3]  [b8 b1 b6]
-       ^ popped first              ^ freed hashed blocks land here
-         (eviction = free-queue order)          (one segment per call)
+      segment [ids, start]:  ids[:start] popped, ids[start:] still queued
 
-      a segment is [ids, start]: ids[start:] are still queued
+      [x x x|b4 b5 b2]  [b9 b7 b3 b8 b1]
+             ^ get_new_blocks slices from here   ^ free_blocks extends the tail
+               (eviction = free-queue order)       segment with hashed blocks
+
+* ``get_new_blocks(n)`` takes ``ids[start:start + n]`` and moves ``start``;
+* ``free_blocks`` appends the hashed blocks that reached 0 to the last
+  segment (a new one if the queue has a single segment, so that the head
+  segment cannot grow forever), and puts the unhashed ones (B7) in front of
+  the head, in the slots ``x`` already popped when there are enough.
 
 ``touch`` (B5) takes a free block out of the *middle* of the queue. Instead of
 searching for it, kvsim leaves its entry where it is and counts it as dead in
@@ -29,7 +33,9 @@ odd touch of an unhashed free block compacts the queue at once.) Compaction
 also bounds the dead entries to ``num_gpu_blocks``.
 
 The hash map is exact (``hash -> block``, or ``hash -> {block: None}`` for
-the B8 duplicates); an evicted block leaves it at once.
+the B8 duplicates); an evicted block leaves it at once. While no hash has
+duplicates (``_num_multi == 0``), eviction deletes keys in bulk, and caching
+inserts a run of new hashes with one ``dict.update``.
 
 Block 0 is the null block: never queued, never freed, never cached
 (kv-semantics B2), so ``num_usable_blocks = N - 1``.
