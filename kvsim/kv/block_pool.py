@@ -144,11 +144,12 @@ class BlockPool:
             out = self._pop(num_blocks)
         self._num_free -= num_blocks
         ref, block_hash = self.ref_cnt, self.block_hash
-        if num_blocks == 1:
-            b = out[0]
-            ref[b] = 1
-            if block_hash[b] is not None:
-                self._evict(b)
+        if num_blocks <= 2:
+            # One or two blocks (a decoding request crossing a block boundary).
+            for b in out:
+                ref[b] = 1
+                if block_hash[b] is not None:
+                    self._evict(b)
             return out
         hashes = itemgetter(*out)(block_hash)
         if hashes.count(None) == num_blocks:
