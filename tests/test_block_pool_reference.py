@@ -110,6 +110,13 @@ def _assert_same(pool: BlockPool, ref: RefPool, num_hashes: int) -> None:
     assert pool.num_cached_hashes() == len(ref.cached)
     for h in range(num_hashes):
         assert pool.get_cached_block(h) == ref.get_cached_block(h)
+    for hashes in ([], [0, 1, 2, 3], list(range(num_hashes))[::-1]):
+        prefix = []
+        for h in hashes[:3]:
+            if ref.get_cached_block(h) is None:
+                break
+            prefix.append(ref.get_cached_block(h))
+        assert pool.get_cached_prefix(hashes, 3) == prefix
 
 
 def _run(seed: int, steps: int = 250) -> None:

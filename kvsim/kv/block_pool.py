@@ -119,6 +119,20 @@ class BlockPool:
             return entry
         return next(iter(entry))
 
+    def get_cached_prefix(self, block_hashes: Sequence[int], max_blocks: int) -> list[int]:
+        """The blocks of the longest cached prefix of ``block_hashes[:max_blocks]`` (H3, B8).
+
+        ``get_cached_block`` for each hash in turn, stopping at the first miss.
+        """
+        cached = self._cached
+        hits: list[int] = []
+        for i in range(min(max_blocks, len(block_hashes))):
+            entry = cached.get(block_hashes[i])
+            if entry is None:
+                break
+            hits.append(entry if type(entry) is int else next(iter(entry)))
+        return hits
+
     def num_cached_hashes(self) -> int:
         return len(self._cached)
 

@@ -73,14 +73,7 @@ class KVCacheManager:
         if not self.enable_caching:
             return [], 0
         max_blocks = (req.num_tokens - 1) // self.block_size
-        hashes = req.block_hashes
-        get = self.pool.get_cached_block
-        hits: list[int] = []
-        for i in range(min(max_blocks, len(hashes))):
-            b = get(hashes[i])
-            if b is None:
-                break
-            hits.append(b)
+        hits = self.pool.get_cached_prefix(req.block_hashes, max_blocks)
         if self.debug and hits:
             self._check_hit(req, hits)
         return hits, len(hits) * self.block_size
