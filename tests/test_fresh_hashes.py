@@ -20,7 +20,7 @@ from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.request import Request
 from kvsim.sim.run import run_engine
 from kvsim.workload.request import RequestSpec
-from kvsim.workload.tokens import TokenCounter
+from kvsim.workload.tokens import TokenCounter, mooncake_block_tokens
 
 
 def fresh_specs(num: int, seed: int, n: int = 1, max_prompt: int = 120, max_output: int = 60,
@@ -53,6 +53,12 @@ def test_fresh_keys_are_negative_so_they_never_equal_a_content_hash():
     assert min(block_hashes(np.arange(80), 4)) >= 0
 
 
+def equality_pattern(keys: list[int]) -> list[int]:
+    """For each key, the position where it first occurs: equal patterns, equal equalities."""
+    first: dict[int, int] = {}
+    return [first.setdefault(k, i) for i, k in enumerate(keys)]
+
+
 def test_fresh_keys_are_equal_exactly_when_the_content_hashes_are():
     # n > 1 siblings share the prompt (same run), not their outputs.
     specs = fresh_specs(12, seed=1)
@@ -62,9 +68,7 @@ def test_fresh_keys_are_equal_exactly_when_the_content_hashes_are():
         kw = dict(block_size=4, max_model_len=256)
         fresh += Request(spec, index, **kw).block_hashes
         content += Request(replace(spec, fresh_prompt_start=None), index, **kw).block_hashes
-    pairs_fresh = {(i, j) for i in range(len(fresh)) for j in range(len(fresh)) if fresh[i] == fresh[j]}
-    pairs_content = {(i, j) for i in range(len(content)) for j in range(len(content)) if content[i] == content[j]}
-    assert pairs_fresh == pairs_content
+    assert equality_pattern(fresh) == equality_pattern(content)
     assert len(set(fresh)) < len(fresh)   # the siblings did share blocks
 
 
@@ -99,3 +103,59 @@ def test_fresh_keys_give_the_same_run_as_hashing_the_tokens(scheduler):
     assert any(step["prefix_hit_tokens"] for step in steps)     # siblings' prompts
     assert any(step["resume_hit_tokens"] for step in steps)     # after a preemption
     assert sum(r[2] for r in requests) > 0
+
+
+# ------------------------------------------------- Mooncake blocks named by id
+
+
+def mooncake_specs(num: int, seed: int, n: int = 1) -> list[RequestSpec]:
+    """Prompts of 512-token Mooncake blocks drawn from a few shared chains, often cut mid-block."""
+    rng = np.random.default_rng(seed)
+    chains = [[int(h) for h in rng.integers(0, 50, size=4)] for _ in range(3)]
+    specs = []
+    for i in range(num):
+        ids = chains[int(rng.integers(0, 3))][:int(rng.integers(1, 4))] + [int(rng.integers(0, 50))]
+        length = int(rng.integers(512 * (len(ids) - 1) + 1, 512 * len(ids) + 1))
+        specs.append(RequestSpec(f"r{i}", i * 0.05, mooncake_block_tokens(ids, length),
+                                 int(rng.integers(1, 200)), n=n, prompt_block_ids=ids))
+    return specs
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 48, 512, 1024])
+def test_mooncake_keys_are_equal_exactly_when_the_content_hashes_are(block_size):
+    specs = mooncake_specs(25, seed=block_size)
+    specs += [replace(specs[3], request_id="r3#1")]             # an n > 1 sibling
+    named, content = [], []
+    for index, spec in enumerate(specs):
+        kw = dict(block_size=block_size, max_model_len=4096)
+        named += Request(spec, index, **kw).block_hashes
+        content += Request(replace(spec, prompt_block_ids=None), index, **kw).block_hashes
+    assert len(named) == len(content)
+    assert equality_pattern(named) == equality_pattern(content)
+    assert len(set(named)) < len(named)                         # prompts did share blocks
+
+
+def test_mooncake_keys_need_fresh_outputs():
+    spec = replace(mooncake_specs(1, seed=0)[0], output_id_base=1000)
+    with pytest.raises(ValueError, match="prompt_block_ids needs the engine's fresh output ids"):
+        Request(spec, 0, block_size=16, max_model_len=4096)
+
+
+@pytest.mark.parametrize("scheduler", ["chunked", "continuous"])
+def test_mooncake_keys_give_the_same_run_as_hashing_the_tokens(scheduler):
+    specs = mooncake_specs(40, seed=5, n=2)
+    config = SchedulerConfig(num_gpu_blocks=60, block_size=64, max_model_len=2560,
+                             max_num_batched_tokens=2560, debug=True)
+
+    def run_mooncake(specs):
+        steps = []
+        engine = run_engine(specs, config, scheduler=scheduler, cost_model=ConstantCostModel(0.01),
+                            trace=steps.append)
+        return steps, sorted((r.request_id, r.num_cached_tokens, r.num_preemptions,
+                              repr(r.first_token_time), r.finish_time) for r in engine.done)
+
+    named = run_mooncake(specs)
+    assert named == run_mooncake([replace(s, prompt_block_ids=None) for s in specs])
+    steps, requests = named
+    assert any(v for step in steps for v in step["prefix_hit_tokens"].values())
+    assert sum(r[2] for r in requests) > 0                      # preemptions happened

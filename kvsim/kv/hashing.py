@@ -112,16 +112,71 @@ def fresh_block_hashes(prompt_start: int, prompt_len: int, output_start: int, nu
     tenant's. Both kinds of key step by ``-2*block_size`` from block to block,
     so the list comes from ``range`` without any per-token work.
     """
-    if prompt_start < 0 or output_start >= 0:
-        raise ValueError("fresh prompt ids must be >= 0 and generated ids < 0")
+    if prompt_start < 0:
+        raise ValueError("fresh prompt ids must be >= 0")
     num_full = num_tokens // block_size
     num_prompt = min(prompt_len // block_size, num_full)     # blocks of prompt ids only
     step = -2 * block_size
     first = -1 - 2 * (prompt_start + block_size - 1)
-    hashes = list(range(first, first + num_prompt * step, step))
-    if num_full > num_prompt:
-        # The first block that ends with a generated id ends with output k0.
-        k0 = (num_prompt + 1) * block_size - 1 - prompt_len
-        first = 2 * (output_start - k0)
-        hashes += range(first, first + (num_full - num_prompt) * step, step)
-    return hashes
+    keys = list(range(first, first + num_prompt * step, step))
+    keys += _generated_block_keys(num_prompt, prompt_len, output_start, num_full, block_size)
+    return keys
+
+
+def content_block_id_hashes(block_ids: np.ndarray, ids_per_block: int, prompt_len: int,
+                            output_start: int, num_tokens: int, block_size: int,
+                            cache_salt: str | None = None) -> list[int]:
+    """Hashes of a prompt made of named content blocks, then generated ids, without token ids.
+
+    A Mooncake prompt is the concatenation of blocks of ``ids_per_block``
+    tokens, block ``h`` always the same tokens and different ``h`` different
+    tokens, cut to ``prompt_len``. A prefix of ``L`` prompt tokens is then
+    fixed by ``L`` and the ids of the blocks it touches, so its key is a chained
+    hash of those block ids (the module's polynomial, over block ids instead of
+    tokens: about 500 times less work than hashing the tokens)::
+
+        C(m) = sum_{m' <= m} mix(block_ids[m']) * P**m'
+        key(L) = salt + mix(C((L - 1) // ids_per_block) * K + L)
+
+    The blocks that end with a generated id are named by that id as in
+    ``fresh_block_hashes``. Keys live in the content hashes' range, so a run
+    must name *every* sequence holding these tokens this way (a Mooncake trace
+    does: all its prompts are such blocks, and no workload quotes them).
+    """
+    num_full = num_tokens // block_size
+    num_prompt = min(prompt_len // block_size, num_full)
+    keys: list[int] = []
+    if num_prompt:
+        ids = np.asarray(block_ids, dtype=np.int64).view(np.uint64)
+        chain = np.multiply(ids, _M)
+        chain ^= chain >> _SHIFT
+        chain *= _get_powers(len(ids))
+        np.add.accumulate(chain, out=chain)
+        lengths = _get_lengths(num_prompt * block_size, block_size)
+        x = chain[(lengths - np.uint64(1)) // np.uint64(ids_per_block)]
+        x *= _K
+        x += lengths
+        x *= _M
+        x ^= x >> _SHIFT
+        salt = salt_hash(cache_salt)
+        if salt:
+            x += np.uint64(salt)
+        keys = x.tolist()
+    keys += _generated_block_keys(num_prompt, prompt_len, output_start, num_full, block_size)
+    return keys
+
+
+def _generated_block_keys(first_block: int, prompt_len: int, output_start: int, num_full: int,
+                          block_size: int) -> range:
+    """Keys ``2 * id`` of the blocks ``first_block ..`` that end with a generated id.
+
+    Generated token k has id ``output_start - k`` (< 0, held by one request
+    only), so that id fixes the block's whole prefix.
+    """
+    if output_start >= 0:
+        raise ValueError("generated ids must be < 0")
+    # The first of these blocks ends with output k0.
+    k0 = (first_block + 1) * block_size - 1 - prompt_len
+    step = -2 * block_size
+    first = 2 * (output_start - k0)
+    return range(first, first + max(num_full - first_block, 0) * step, step)

@@ -3,8 +3,8 @@
 Every token a request will ever hold is known when it arrives: its prompt,
 and the tokens it will generate (given by the workload, or fresh ids that
 collide with nothing). So kvsim hashes the whole final sequence once, on
-arrival (or, for a sequence of fresh tokens only, names its blocks without
-reading any token, ``kvsim.kv.hashing.fresh_block_hashes``), and exposes the hashes of the blocks that are full *so far* through
+arrival (or, when the workload says how the prompt is made, names its blocks
+without reading any token, see ``kvsim.kv.hashing``), and exposes the hashes of the blocks that are full *so far* through
 ``num_tokens`` (vLLM extends ``block_hashes`` as tokens are appended, H2; the
 KV manager only ever reads hashes of blocks below ``num_tokens``).
 """
@@ -15,8 +15,9 @@ import enum
 
 import numpy as np
 
-from kvsim.kv.hashing import block_hashes, fresh_block_hashes
+from kvsim.kv.hashing import block_hashes, content_block_id_hashes, fresh_block_hashes
 from kvsim.workload.request import RequestSpec
+from kvsim.workload.tokens import MOONCAKE_BLOCK_TOKENS
 
 # Generated tokens without a given id are negative, unique per request, and so
 # never equal to a prompt token (prompts hold non-negative ids).
@@ -59,18 +60,26 @@ class Request:
         self.max_tokens = spec.max_tokens
         # vLLM stops at max_tokens outputs or when the sequence reaches max_model_len.
         self.final_num_tokens = max(prompt_len, min(prompt_len + spec.max_tokens, max_model_len))
-        # A fresh prompt followed by fresh outputs shares nothing with other
-        # requests: its blocks are named without reading token ids (this is the
-        # per-request cost of every trace replay), see fresh_block_hashes.
-        fresh = (spec.fresh_prompt_start is not None and spec.output_token_ids is None
-                 and spec.output_id_base is None)
+        # Prompts that say how they are made (a fresh counter run, Mooncake
+        # blocks) and fresh outputs: the blocks are named without reading token
+        # ids (the per-request cost of every trace replay), see kvsim.kv.hashing.
+        fresh_outputs = spec.output_token_ids is None and spec.output_id_base is None
+        if spec.prompt_block_ids is not None and not fresh_outputs:
+            raise ValueError(f"request {spec.request_id}: prompt_block_ids needs the engine's "
+                             f"fresh output ids (no output_token_ids, no output_id_base)")
+        named = fresh_outputs and (spec.fresh_prompt_start is not None
+                                   or spec.prompt_block_ids is not None)
         tokens = None
-        if keep_tokens or (hash_blocks and not fresh):
+        if keep_tokens or (hash_blocks and not named):
             tokens = self._token_ids(spec, index)
         if not hash_blocks:
             # Without prefix caching nothing ever reads a hash (H3: no lookup, A4: no caching).
             self.block_hashes = []
-        elif fresh:
+        elif spec.prompt_block_ids is not None:
+            self.block_hashes = content_block_id_hashes(
+                spec.prompt_block_ids, MOONCAKE_BLOCK_TOKENS, prompt_len, _first_fresh_id(index),
+                self.final_num_tokens, block_size, spec.cache_salt)
+        elif named:
             self.block_hashes = fresh_block_hashes(spec.fresh_prompt_start, prompt_len,
                                                    _first_fresh_id(index),
                                                    self.final_num_tokens, block_size)

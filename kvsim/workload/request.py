@@ -31,6 +31,13 @@ class RequestSpec:
     them): traces without content, single-turn synthetic prompts. The engine
     then names the prompt's blocks by ``(start, length)`` instead of hashing
     its ids (``kvsim.kv.hashing.fresh_block_hashes``); prefix hits are the same.
+
+    ``prompt_block_ids`` says the prompt is the Mooncake blocks with these ids
+    (``kvsim.workload.tokens.mooncake_block_tokens``); the engine then hashes
+    the block ids instead of the tokens
+    (``kvsim.kv.hashing.content_block_id_hashes``). Every request of a run that
+    holds such tokens must say so (a Mooncake trace does), and its outputs
+    must be the engine's fresh ids.
     """
 
     request_id: str
@@ -46,6 +53,7 @@ class RequestSpec:
     think_time_s: float = 0.0
     output_id_base: int | None = None     # generated token k gets id base + k (see below)
     fresh_prompt_start: int | None = None # the prompt is a run of ids no other request holds
+    prompt_block_ids: list[int] | None = None  # the prompt is these Mooncake blocks
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -184,7 +184,8 @@ def trace_requests(table: TraceTable, *, arrival: ArrivalConfig | None, seed: in
         yield RequestSpec(request_id=f"r{i}", arrival_time_s=times[i], prompt_token_ids=prompt,
                           max_tokens=num_outputs[i], priority=priorities[i],
                           cache_salt=cache_salt, n=n, beam_width=beam_width,
-                          fresh_prompt_start=None if starts is None else starts[i])
+                          fresh_prompt_start=None if starts is None else starts[i],
+                          prompt_block_ids=None if starts is not None else table.hash_ids[i])
 
 
 def _read_csv(path: Path, columns: list[str]) -> pd.DataFrame:
