@@ -147,7 +147,11 @@ def _run(seed: int, steps: int = 250) -> None:
             hi = rng.randint(lo, len(blocks))
             hashes = [rng.randrange(num_hashes) for _ in blocks]
             if all(ref.block_hash[b] is None for b in blocks[lo:hi]):   # A4 caches new blocks only
-                pool.cache_full_blocks(blocks, hashes, lo, hi)
+                if rng.random() < 0.3:
+                    # The fast path's batch form: the same blocks, one call.
+                    pool.cache_blocks(blocks[lo:hi], hashes[lo:hi])
+                else:
+                    pool.cache_full_blocks(blocks, hashes, lo, hi)
                 ref.cache_full_blocks(blocks, hashes, lo, hi)
         elif op < 0.9:
             # A prefix hit: touch the block found for a hash plus other hashed blocks.

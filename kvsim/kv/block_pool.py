@@ -289,6 +289,21 @@ class BlockPool:
             if with_tokens:
                 self.block_tokens[b] = tuple(tokens[i * block_size:(i + 1) * block_size])
 
+    def cache_blocks(self, blocks: Sequence[int], block_hashes: Sequence[int]) -> None:
+        """Give ``blocks[i]`` the hash ``block_hashes[i]``, in order (A4).
+
+        The blocks several decoding requests fill in one go (the fast path),
+        stored exactly as one ``cache_full_blocks`` call per block would.
+        Not for debug mode, which records each block's tokens.
+        """
+        block_hash, cached = self.block_hash, self._cached
+        for b, h in zip(blocks, block_hashes):
+            if b == NULL_BLOCK_ID:
+                continue
+            block_hash[b] = h
+            if cached.setdefault(h, b) != b:
+                self._add_duplicate(h, b)
+
     # ----------------------------------------------------------------- private
 
     def _add_duplicate(self, h: int, b: int) -> None:

@@ -237,13 +237,25 @@ def apply_decode_run(sched, run: DecodeRun) -> list:
             finished.append(r)
     if fills:
         fills.sort()
-        debug_tokens = kv.debug
-        for _, i, full in fills:
-            r = running[i]
-            rid = r.request_id
-            pool.cache_full_blocks(kv.req_to_blocks[rid], r.block_hashes, cached[rid], full,
-                                   r.all_token_ids if debug_tokens else None, bs)
-            cached[rid] = full
+        if kv.debug:
+            for _, i, full in fills:
+                r = running[i]
+                rid = r.request_id
+                pool.cache_full_blocks(kv.req_to_blocks[rid], r.block_hashes, cached[rid], full,
+                                       r.all_token_ids, bs)
+                cached[rid] = full
+        else:
+            # What cache_full_blocks would do fill by fill, in one call.
+            blocks, hashes = [], []
+            for _, i, full in fills:
+                r = running[i]
+                rid = r.request_id
+                held, hs = kv.req_to_blocks[rid], r.block_hashes
+                for j in range(cached[rid], full):
+                    blocks.append(held[j])
+                    hashes.append(hs[j])
+                cached[rid] = full
+            pool.cache_blocks(blocks, hashes)
     return sched.finish_requests(finished, float(run.times[-1]))
 
 
