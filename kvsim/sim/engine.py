@@ -70,9 +70,12 @@ class StepLog:
 
     def __init__(self, first_step: int = 0) -> None:
         self._rows: dict[str, list] = {c: [] for c in self.COLUMNS}
-        # (first step, start times, durations, free blocks after each step,
-        #  batch size, waiting, finished in the last step, usable blocks)
+        # Decode runs: one (first step, K, batch size, waiting, finished in the
+        # last step, usable blocks) each; their per-step values in flat lists.
         self._runs: list[tuple] = []
+        self._run_starts: list[float] = []
+        self._run_durations: list[float] = []
+        self._run_free: list[int] = []
         self._len = 0
         self.first_step = first_step
 
@@ -92,9 +95,12 @@ class StepLog:
     def add_run(self, starts: list[float], durations: list[float], free_after: list[int],
                 batch: int, waiting: int, num_finished: int, usable_blocks: int) -> None:
         """K decode steps of ``batch`` requests; the last one finishes ``num_finished``."""
-        self._runs.append((self.next_step, starts, durations, free_after, batch, waiting,
-                           num_finished, usable_blocks))
-        self._len += len(durations)
+        k = len(durations)
+        self._runs.append((self.next_step, k, batch, waiting, num_finished, usable_blocks))
+        self._run_starts += starts
+        self._run_durations += durations
+        self._run_free += free_after
+        self._len += k
 
     @property
     def columns(self) -> dict[str, np.ndarray]:
@@ -107,33 +113,31 @@ class StepLog:
             for c, values in self._rows.items():
                 out[c][at] = values
         if self._runs:
-            firsts, starts, durations, free, batch, waiting, fin, usable = zip(*self._runs)
-            ks = np.fromiter((len(d) for d in durations), dtype=np.int64, count=len(durations))
-            total = int(ks.sum())
+            firsts, ks, batch, waiting, fin, usable = (np.asarray(v, dtype=np.int64)
+                                                        for v in zip(*self._runs))
+            total = len(self._run_durations)
             ends = np.cumsum(ks)
             last = ends - 1                              # index of each run's last step
-            at = (np.repeat(np.asarray(firsts, dtype=np.int64) - self.first_step, ks)
-                  + np.arange(total) - np.repeat(ends - ks, ks))
-            b = np.repeat(np.asarray(batch, dtype=np.int64), ks)
-            fin = np.asarray(fin, dtype=np.int64)
-            free = np.concatenate(free).astype(np.int64)
+            at = np.repeat(firsts - self.first_step, ks) + np.arange(total) - np.repeat(ends - ks, ks)
+            b = np.repeat(batch, ks)
+            free = np.asarray(self._run_free, dtype=np.int64)
             running = b.copy()
             running[last] -= fin
             finished = np.zeros(total, dtype=np.int64)
             finished[last] = fin
             cols = {
                 "step": at + self.first_step,
-                "start_time_s": np.concatenate(starts),
-                "duration_s": np.concatenate(durations),
+                "start_time_s": np.asarray(self._run_starts, dtype=float),
+                "duration_s": np.asarray(self._run_durations, dtype=float),
                 "num_prefill_tokens": 0,
                 "num_decode_tokens": b,
                 "num_scheduled_reqs": b,
                 "num_running": running,
-                "num_waiting": np.repeat(np.asarray(waiting, dtype=np.int64), ks),
+                "num_waiting": np.repeat(waiting, ks),
                 "num_preempted": 0,
                 "num_finished": finished,
                 "num_free_blocks": free,
-                "kv_cache_usage": 1.0 - free / np.repeat(np.asarray(usable, dtype=np.int64), ks),
+                "kv_cache_usage": 1.0 - free / np.repeat(usable, ks),
             }
             for c, values in cols.items():
                 out[c][at] = values
