@@ -203,6 +203,16 @@ SESSIONS = {"num_requests": 9, "sessions": {"turns": 3, "think_time_s": 2.5},
             "output_len": {"type": "uniform", "low": 2, "high": 6}}
 
 
+def test_only_unquoted_prompts_without_a_system_prompt_say_they_are_fresh_runs():
+    single = requests_of({"num_requests": 5, "prompt_len": {"type": "fixed", "value": 5}})
+    assert [s.fresh_prompt_start for s in single] == [int(s.prompt_token_ids[0]) for s in single]
+    assert all(s.fresh_prompt_start is None for s in requests_of(SESSIONS))
+    quoted = requests_of({**SESSIONS, "prefix": {"shared_prompt_tokens": 0}})
+    assert all(s.fresh_prompt_start is None for s in quoted)    # later turns quote them
+    shared = requests_of({"num_requests": 5, "prefix": {"shared_prompt_tokens": 8}})
+    assert all(s.fresh_prompt_start is None for s in shared)
+
+
 def test_each_turn_resends_the_previous_prompt_and_answer():
     specs = requests_of(SESSIONS)
     for before, after in zip(specs, specs[1:]):

@@ -93,6 +93,14 @@ def test_trace_prompts_are_unique_ids():
     assert len(np.unique(ids)) == len(ids) == 1000
 
 
+def test_trace_prompts_say_they_are_fresh_runs():
+    # The engine names their blocks by token id instead of hashing (kvsim.kv.hashing).
+    for spec in workload({"format": "azure", "path": "workload_azure_unsorted.csv"}).requests():
+        assert spec.fresh_prompt_start == spec.prompt_token_ids[0]
+        assert np.array_equal(spec.prompt_token_ids, spec.fresh_prompt_start + np.arange(spec.num_prompt_tokens))
+        assert spec.prompt_block_ids is None
+
+
 def test_arrival_override_replaces_trace_timestamps():
     got = rows({"format": "azure", "path": "workload_azure_unsorted.csv"},
                arrival={"type": "constant", "interval_s": 3.0})
@@ -179,6 +187,13 @@ def test_mooncake_blocks_are_content_of_their_hash_id_and_last_block_may_be_part
     assert np.array_equal(specs[1].prompt_token_ids,
                           np.concatenate((mooncake_block(0), mooncake_block(1), mooncake_block(2)[:76])))
     assert np.array_equal(specs[2].prompt_token_ids, np.concatenate((mooncake_block(0), mooncake_block(7)[:88])))
+
+
+def test_mooncake_prompts_carry_their_hash_ids():
+    # The engine hashes the block ids instead of the tokens (kvsim.kv.hashing).
+    specs = list(workload({"format": "mooncake", "path": "workload_mooncake_small.jsonl"}).requests())
+    assert [s.prompt_block_ids for s in specs] == [[0, 1], [0, 1, 2], [0, 7]]
+    assert all(s.fresh_prompt_start is None for s in specs)
 
 
 def test_mooncake_equal_hash_ids_give_identical_prefixes():
