@@ -25,6 +25,9 @@ Content hashes lie in ``[0, 2**64)``. Requests whose tokens are all *fresh*
 (a prompt that is a run of counter ids no other request holds, then generated
 ids) skip the content hash: ``fresh_block_hashes`` names each block by its
 last token id, mapped to the negative numbers, so the two kinds never meet.
+Prompts made of named content blocks (Mooncake ``hash_ids``) are hashed over
+their block ids instead of their tokens (``content_block_id_hashes``).
+Either way the work per request no longer grows with its number of tokens.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ _M = np.uint64(0xBF58476D1CE4E5B9)          # odd multiplier of mix
 _SHIFT = np.uint64(31)
 _powers = np.ones(1, dtype=np.uint64)
 _lengths = np.zeros(1, dtype=np.uint64)     # _lengths[i] = i, sliced with a step of block_size
+
 
 def _get_powers(n: int) -> np.ndarray:
     global _powers
