@@ -27,7 +27,7 @@ ids) skip the content hash: ``fresh_block_hashes`` names each block by its
 last token id, mapped to the negative numbers, so the two kinds never meet.
 Prompts made of named content blocks (Mooncake ``hash_ids``) are hashed over
 their block ids instead of their tokens (``content_block_id_hashes``).
-Either way the work per request no longer grows with its number of tokens.
+Either way no token id is read on arrival (except in debug mode).
 """
 
 from __future__ import annotations
