@@ -75,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"kvsim {args.command}: error: {msg}", file=sys.stderr)
         return 2
-    if as_program and getattr(args, "exit_without_cleanup", False):
+    if (as_program and getattr(args, "exit_without_cleanup", False)
+            and sys.getprofile() is None and sys.gettrace() is None):
+        # (Under a profiler or coverage tool, exit normally: they write at exit.)
         exit_without_cleanup(code)
     return code
 
