@@ -26,7 +26,7 @@ from simpy.events import Event
 from kvsim.cost.base import CostModel, step_time_function
 from kvsim.sched.base import Scheduler, StepPlan
 from kvsim.sched.request import Request, RequestStatus
-from kvsim.sim.fast import apply_decode_run, plan_decode_run, schedule_decoding_step
+from kvsim.sim.fast import apply_decode_run, plan_decode_run, schedule_step
 from kvsim.workload.request import RequestSpec
 
 
@@ -251,7 +251,7 @@ class Engine:
         """One engine step: schedule -> cost -> advance clock -> apply outputs -> record."""
         env, sched = self.env, self.scheduler
         start = env.now
-        plan = (self.fast_path and schedule_decoding_step(sched)) or sched.schedule()
+        plan = (self.fast_path and schedule_step(sched)) or sched.schedule()
         for req, _, _ in plan.scheduled:
             if math.isnan(req.scheduled_time):
                 req.scheduled_time = start

@@ -20,11 +20,10 @@ stops *before* any step that could differ:
 * any step at all if the waiting head could be admitted, or could become
   admissible because a running request is writing its next prefix block.
 
-A step that does admit (the head of the waiting queue fits) while every
-running request decodes goes through ``schedule_decoding_step``: the same
-``schedule()``, with the running requests' one-token chunks allocated in one
-pass instead of one ``allocate_slots`` call each; admission is the
-scheduler's own code.
+Any other step that preempts nothing (an admission, a prefill chunk) goes
+through ``schedule_step``: the same ``schedule()``, with the running
+requests' one-token chunks given their slots in one pass instead of one
+``allocate_slots`` call each; admission is the scheduler's own code.
 
 Only the ``chunked`` scheduler has a fast path; ``continuous`` and ``static``
 always step one by one.
@@ -259,53 +258,94 @@ def apply_decode_run(sched, run: DecodeRun) -> list:
     return sched.finish_requests(finished, float(run.times[-1]))
 
 
-def schedule_decoding_step(sched) -> StepPlan | None:
-    """``sched.schedule()`` for a step in which every running request decodes, or None.
+def schedule_step(sched) -> StepPlan | None:
+    """``sched.schedule()`` for a step that preempts nothing, or None.
 
-    The running requests each get one token, in running order (S2); a request
-    whose next token starts a block gets a block, popped in running order, and
-    a request whose token completes a block caches it (A4), before any waiting
-    request is admitted (so it can hit those blocks, TV5). Then the waiting
-    queue is served by the scheduler's own ``_schedule_waiting`` (S3-S5). The
-    plan is the one ``schedule()`` returns. None (use ``schedule()``) when a
-    request has a prefill chunk pending, the budget does not cover every
-    decode, or the free blocks do not cover the new ones (a preemption).
+    The running requests get their chunks by the rules of
+    ``ChunkedScheduler._schedule_running`` (S2: running order, the budget,
+    the long-prefill threshold, one slot kept for the sampled token). When
+    the free blocks cover every block those chunks need, no request is
+    preempted, so the blocks are taken without one ``allocate_slots`` call per
+    decode: a decode's block is popped, and a block it fills is cached (A4),
+    in running order, grouped between prefill chunks (which go through
+    ``allocate_slots``). Then the waiting queue is served by the scheduler's
+    own ``_schedule_waiting`` (S3-S5), which can hit the blocks just cached
+    (TV5). The plan is the one ``schedule()`` returns. None (use
+    ``schedule()``) when some request would have to be preempted.
     """
     if type(sched) is not ChunkedScheduler or sched.kv._any_forks:
         return None
-    running = sched.running
-    budget = sched.config.max_num_batched_tokens - len(running)
-    if budget < 0:
-        return None
+    cfg = sched.config
     kv = sched.kv
     bs = kv.block_size
     blocks_of = kv.req_to_blocks
-    new_block_for = []
+    sched.refresh_threshold()
+    threshold, max_model_len = sched._threshold, cfg.max_model_len
+    budget = cfg.max_num_batched_tokens
     scheduled = []
-    for r in running:
+    need = 0
+    any_chunk = False
+    for r in sched.running:
+        if budget <= 0:
+            break
         c = r.num_computed_tokens
-        out = r.num_output_tokens
-        if out == 0 or r.prompt_len + out - c != 1:
-            return None                       # a prefill chunk is pending
-        if c >= len(blocks_of[r.request_id]) * bs:
-            new_block_for.append(r)
-        scheduled.append((r, 1, c))
-    if len(new_block_for) > kv.get_num_free_blocks():
-        return None                           # someone would be preempted
+        n = r.prompt_len + r.num_output_tokens - c
+        if n == 1:
+            if c >= len(blocks_of[r.request_id]) * bs:
+                need += 1
+        else:
+            if 0 < threshold < n:
+                n = threshold
+            n = min(n, budget, max_model_len - c - 1)
+            if n <= 0:
+                continue
+            if n > 1:
+                any_chunk = True
+            need += max(0, -(-min(c + n, max_model_len) // bs) - len(blocks_of[r.request_id]))
+        scheduled.append((r, n, c))
+        budget -= n
+    if need > kv.get_num_free_blocks():
+        return None                           # someone would be preempted: the step path decides
+    if not any_chunk:
+        _give_one_slot_each(kv, scheduled)
+    else:
+        ones = []
+        for entry in scheduled:
+            if entry[1] == 1:
+                ones.append(entry)
+            else:
+                _give_one_slot_each(kv, ones)
+                ones = []
+                if kv.allocate_slots(entry[0], entry[1]) is None:
+                    raise AssertionError("schedule_step: a chunk did not fit after the check")
+        _give_one_slot_each(kv, ones)
+    plan = StepPlan(scheduled=scheduled)
+    sched._schedule_waiting(plan, budget)
+    commit_scheduled(plan)
+    return plan
+
+
+def _give_one_slot_each(kv, entries: list) -> None:
+    """``allocate_slots(r, 1)`` for each (r, 1, computed) entry, known to fit: pops, then caching.
+
+    Pops before caching is the same as interleaving them request by request:
+    a popped block is free and a cached one is held, so the evictions and
+    insertions touch different blocks and leave the hash map in the same order.
+    """
+    if not entries:
+        return
+    bs = kv.block_size
+    blocks_of = kv.req_to_blocks
+    new_block_for = [r for r, _, c in entries if c >= len(blocks_of[r.request_id]) * bs]
     if new_block_for:
         for r, block in zip(new_block_for, kv.pool.get_new_blocks(len(new_block_for))):
             blocks_of[r.request_id].append(block)
     if kv.enable_caching:
         cached = kv.num_cached_block
-        for r, _, c in scheduled:
+        for r, _, c in entries:
             full = (c + 1) // bs
             rid = r.request_id
             if full > cached[rid]:
                 kv.pool.cache_full_blocks(blocks_of[rid], r.block_hashes, cached[rid], full,
                                           r.all_token_ids if kv.debug else None, bs)
                 cached[rid] = full
-    plan = StepPlan(scheduled=scheduled)
-    sched.refresh_threshold()
-    sched._schedule_waiting(plan, budget)
-    commit_scheduled(plan)
-    return plan
