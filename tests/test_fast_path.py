@@ -60,6 +60,16 @@ CASES = {
         workload={"num_requests": 60, "arrival": {"type": "poisson", "rate": 5.0},
                   "sessions": {"turns": 3, "think_time_s": 0.5},
                   "output_len": {"type": "fixed", "value": 40}}),
+    # Requests capped at max_model_len (and some too long to run at all).
+    "max_model_len_cap": scenario(engine__max_model_len=640, engine__max_num_batched_tokens=256),
+    # Priority scheduling with preemptions: the victim is the worst running request.
+    "priority_tight_memory": scenario(
+        engine={"max_num_batched_tokens": 512, "max_model_len": 4096, "policy": "priority",
+                "num_gpu_blocks_override": 300},
+        workload={**scenario()["workload"], "arrival": {"type": "poisson", "rate": 60.0},
+                  "priority": {"values": [0, 1, 2]}}),
+    # n > 1: siblings share their prompt blocks through the prefix cache.
+    "parallel_sampling": scenario(workload={**scenario()["workload"], "num_requests": 50, "n": 3}),
 }
 
 
