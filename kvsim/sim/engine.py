@@ -173,6 +173,7 @@ class Engine:
         self.sink = sink
         self.flush_every = flush_every
         self.num_fast_steps = 0
+        self._decode_step_hint = None    # the last decode run's step time: sizes the next run's costing
         self.steps = StepLog()
         self.done: list[Request] = []            # finished or failed, in order
         self.num_arrived = 0
@@ -225,6 +226,7 @@ class Engine:
     def _engine(self):
         sched = self.scheduler
         while True:
+            arrived = bool(self._inbox)
             for req in self._inbox:
                 sched.add_request(req)
             self._inbox.clear()
@@ -235,8 +237,11 @@ class Engine:
                     yield from self._sleep_until_arrival()
                     continue
             run = None
-            if self.fast_path:
-                run = plan_decode_run(sched, self.cost_model, self.env.now, self.env.peek())
+            # A step right after arrivals nearly always admits one (no decode
+            # run); stepping it one by one is exact either way.
+            if self.fast_path and not arrived:
+                run = plan_decode_run(sched, self.cost_model, self.env.now, self.env.peek(),
+                                      step_hint=self._decode_step_hint)
             if run is not None:
                 yield from self._decode_run(run)
             else:
@@ -273,6 +278,7 @@ class Engine:
     def _decode_run(self, run):
         """K identical decode steps at once (the fast path, kvsim/sim/fast.py)."""
         yield _AtTime(self.env, float(run.times[-1]))
+        self._decode_step_hint = run.durations[-1]
         finished = apply_decode_run(self.scheduler, run)
         self._record_run(run, finished)
         self._finish(finished)

@@ -69,8 +69,13 @@ class DecodeRun:
         return out
 
 
-def plan_decode_run(sched, cost_model, now: float, next_event_time: float) -> DecodeRun | None:
-    """The longest run of identical decode steps that starts now, or None."""
+def plan_decode_run(sched, cost_model, now: float, next_event_time: float,
+                    step_hint: float | None = None) -> DecodeRun | None:
+    """The longest run of identical decode steps that starts now, or None.
+
+    ``step_hint`` (an earlier decode step's duration, optional) only sizes
+    how many steps are costed at first; it never changes the run.
+    """
     if type(sched) is not ChunkedScheduler or next_event_time <= now:
         return None
     running = sched.running
@@ -104,7 +109,8 @@ def plan_decode_run(sched, cost_model, now: float, next_event_time: float) -> De
     # End with the first step in which a request emits its last token: it
     # finishes, and the batch changes after it.
     max_steps = min_remaining
-    times, durations = _step_times(cost_model, num_seqs, ctx_sum, now, max_steps, next_event_time)
+    times, durations = _step_times(cost_model, num_seqs, ctx_sum, now, max_steps, next_event_time,
+                                   step_hint)
     # A step may start only strictly before the next arrival.
     k = min(max_steps, bisect_left(times, next_event_time, 0, len(times) - 1))
     if k < MIN_RUN_STEPS:
@@ -131,18 +137,19 @@ def plan_decode_run(sched, cost_model, now: float, next_event_time: float) -> De
 
 
 def _step_times(cost_model, num_seqs: int, ctx_sum: int, now: float, max_steps: int,
-                until: float) -> tuple[list[float], list[float]]:
+                until: float, step_hint: float | None = None) -> tuple[list[float], list[float]]:
     """Boundaries and durations of up to ``max_steps`` decode steps from ``now``.
 
     Stops costing once a step would start at or after ``until``: most runs end
-    at the next arrival, long before the first request finishes. The first
-    step is costed alone; its duration bounds how many more steps can start
-    before ``until`` (steps only get longer as contexts grow), and the window
-    grows x4 if that was not enough. The clock is accumulated left to right,
-    one step after the other, exactly as the step path's timeouts add up.
+    at the next arrival, long before the first request finishes. How many
+    steps fit before ``until`` is estimated from ``step_hint`` (or from the
+    first step, costed alone), and the window grows x4 if that was not enough.
+    The clock is accumulated left to right, one step after the other, exactly
+    as the step path's timeouts add up.
     """
     times, durations = [now], []
-    done, window, t = 0, 1, now
+    done, t = 0, now
+    window = _steps_until(until - now, step_hint, max_steps) if step_hint else 1
     while done < max_steps and t < until:
         n = min(window, max_steps - done)
         d = cost_model.decode_step_times(
@@ -152,11 +159,18 @@ def _step_times(cost_model, num_seqs: int, ctx_sum: int, now: float, max_steps: 
             times.append(t)
         durations += d
         done += n
-        if done == 1 and d[0] > 0 and until - t < d[0] * max_steps:
-            window = int((until - t) / d[0]) + 2
+        if done == 1:
+            window = _steps_until(until - t, d[0], max_steps)
         else:
             window = max(4 * n, 16)
     return times, durations
+
+
+def _steps_until(span: float, step: float, max_steps: int) -> int:
+    """How many steps of about ``step`` seconds start within ``span`` (a guess, at least 1)."""
+    if step > 0 and span < step * max_steps:
+        return int(span / step) + 2
+    return max_steps
 
 
 def _blocked_head(sched):
