@@ -74,17 +74,13 @@ class ChunkedScheduler:
         """S2: give each running request its chunk, preempting when blocks run out."""
         cfg = self.config
         running, allocate, scheduled = self.running, self.kv.allocate_slots, plan.scheduled
-        threshold, max_model_len = self._threshold, cfg.max_model_len
+        chunk = self.running_chunk
         scheduled_now: dict[str, int] = {}
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
             computed = req.num_computed_tokens
-            n = req.prompt_len + req.num_output_tokens - computed      # num_tokens - computed
-            if 0 < threshold < n:
-                n = threshold
-            # One slot stays free for the token this step samples.
-            n = min(n, budget, max_model_len - computed - 1)
+            n = chunk(req, budget)
             if n <= 0:
                 i += 1
                 continue
@@ -102,6 +98,18 @@ class ChunkedScheduler:
             budget -= n
             i += 1
         return budget
+
+    def running_chunk(self, req: Request, budget: int) -> int:
+        """S2: the tokens a running request gets this step (<= 0: none).
+
+        What it still wants, cut to the long-prefill threshold and the budget;
+        one slot stays free for the token this step samples.
+        """
+        computed = req.num_computed_tokens
+        n = req.prompt_len + req.num_output_tokens - computed      # num_tokens - computed
+        if 0 < self._threshold < n:
+            n = self._threshold
+        return min(n, budget, self.config.max_model_len - computed - 1)
 
     def _preempt_for(self, req: Request, n: int, i: int, budget: int, plan: StepPlan,
                       scheduled_now: dict[str, int]) -> tuple[int, int]:

@@ -294,28 +294,20 @@ def schedule_step(sched) -> StepPlan | None:
     bs = kv.block_size
     blocks_of = kv.req_to_blocks
     sched.refresh_threshold()
-    threshold, max_model_len = sched._threshold, cfg.max_model_len
+    chunk, max_model_len = sched.running_chunk, cfg.max_model_len
     budget = cfg.max_num_batched_tokens
     scheduled = []
-    need = 0
+    need = 0                                  # free blocks the chunks use up (A2)
     any_chunk = False
     for r in sched.running:
         if budget <= 0:
             break
+        n = chunk(r, budget)
+        if n <= 0:
+            continue
         c = r.num_computed_tokens
-        n = r.prompt_len + r.num_output_tokens - c
-        if n == 1:
-            if c >= len(blocks_of[r.request_id]) * bs:
-                need += 1
-        else:
-            if 0 < threshold < n:
-                n = threshold
-            n = min(n, budget, max_model_len - c - 1)
-            if n <= 0:
-                continue
-            if n > 1:
-                any_chunk = True
-            need += max(0, -(-min(c + n, max_model_len) // bs) - len(blocks_of[r.request_id]))
+        any_chunk = any_chunk or n > 1
+        need += max(0, -(-min(c + n, max_model_len) // bs) - len(blocks_of[r.request_id]))
         scheduled.append((r, n, c))
         budget -= n
     if need > kv.get_num_free_blocks():
