@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from kvsim.cost import BatchShape, ConstantCostModel, build_cost_model, step_time_function
+from kvsim.cost.base import decode_run_function
 from kvsim.cost.features import decode_attention_work, prefill_attention_work, rank_shapes
 from kvsim.cost.fitted import PROFILE_DIR, load_profile
 from kvsim.cost.step_model import _SCALAR_DECODE_RUN
@@ -57,6 +58,34 @@ def test_decode_step_times_of_short_and_long_runs_equal_step_time_exactly(make, 
     np.testing.assert_array_equal(cm.decode_step_times(9, sums.tolist()), fast)  # a list will do
     for k in (0, num_steps // 2, num_steps - 1):
         assert fast[k] == cm.step_time_from_lists([1] * 9, [int(sums[k])] + [0] * 8, 9)
+
+
+@pytest.mark.parametrize("make", [roofline, fitted, lambda: roofline(load_model("deepseek-v2-lite"), H100, 1, "fp8"),
+                                  lambda: ConstantCostModel(0.25)],
+                         ids=["roofline", "fitted", "roofline-mla-moe-fp8", "constant-fallback"])
+@pytest.mark.parametrize("num_seqs", [1, 9, 64])
+def test_decode_run_times_add_up_the_step_path_clock_bit_for_bit(make, num_seqs):
+    # The fast path's run costing (the model's decode_run_times, or the
+    # generic fallback over decode_step_times) against the step path: one
+    # step_time_from_lists per step, the clock added up step by step.
+    cm = make()
+    run = decode_run_function(cm)
+    start, ctx = 123.456, 777 * num_seqs
+    one_step = step_time_function(cm)([1] * num_seqs, [ctx] + [0] * (num_seqs - 1), num_seqs)
+    until = start + 40.5 * one_step
+    times, durations = run(num_seqs, ctx, start, 1000, until)
+    t, want_times, want_durations = start, [start], []
+    while t < until:
+        d = step_time_function(cm)([1] * num_seqs, [ctx + num_seqs * len(want_durations)]
+                                   + [0] * (num_seqs - 1), num_seqs)
+        t += d
+        want_times.append(t)
+        want_durations.append(d)
+    assert durations == want_durations and times == want_times     # exact, not approx
+    assert times[-2] < until <= times[-1]                          # the last step starts before until
+    # max_steps caps the run; a run that would start at or after until is empty
+    assert run(num_seqs, ctx, start, 3, until) == (times[:4], durations[:3])
+    assert run(num_seqs, ctx, start, 1000, start) == ([start], [])
 
 
 def test_decode_cost_depends_on_contexts_only_through_their_sum():

@@ -54,7 +54,10 @@ class CostModel(Protocol):
 
     A model may also offer ``step_time_from_lists(num_new_tokens,
     num_context_tokens, num_sampled, swap_bytes)``: the same seconds from plain
-    lists, which the engine prefers when present (see ``step_time_function``).
+    lists, which the engine prefers when present (see ``step_time_function``),
+    and ``decode_run_times(num_seqs, context_token_sum, start, max_steps,
+    until)``: a whole run of decode steps, costed and added up, which the fast
+    path prefers when present (see ``decode_run_function``).
     """
 
     def step_time(self, batch: BatchShape) -> float:
@@ -109,3 +112,35 @@ def step_time_function(cost_model: CostModel) -> StepTimeFunction:
         return cost_model.step_time(BatchShape.from_lists(num_new_tokens, num_context_tokens,
                                                           num_sampled, swap_bytes))
     return via_batch_shape
+
+
+# (num_seqs, context_token_sum, start, max_steps, until) -> (boundaries, durations)
+DecodeRunFunction = Callable[[int, int, float, int, float], tuple[list, list]]
+
+
+def decode_run_function(cost_model: CostModel) -> DecodeRunFunction:
+    """How the fast path should cost a run of decode steps (see ``StepCostModel.decode_run_times``).
+
+    The model's ``decode_run_times`` if it has one, else ``decode_step_times``
+    in growing windows: the same seconds, added up the same way.
+    """
+    fast = getattr(cost_model, "decode_run_times", None)
+    if fast is not None:
+        return fast
+
+    def via_decode_step_times(num_seqs, context_token_sum, start, max_steps, until):
+        times, durations = [start], []
+        t, window = start, 16
+        while len(durations) < max_steps and t < until:
+            first = len(durations)
+            n = min(window, max_steps - first)
+            sums = [context_token_sum + num_seqs * k for k in range(first, first + n)]
+            for d in cost_model.decode_step_times(num_seqs, sums).tolist():
+                if t >= until:
+                    break
+                t += d
+                times.append(t)
+                durations.append(d)
+            window *= 4
+        return times, durations
+    return via_decode_step_times

@@ -155,6 +155,42 @@ class StepCostModel:
         t += overhead
         return t
 
+    def decode_run_times(self, num_seqs: int, context_token_sum: int, start: float,
+                         max_steps: int, until: float) -> tuple[list[float], list[float]]:
+        """Boundaries and durations of consecutive decode steps from ``start`` (fast path).
+
+        Step k (0-based) decodes one token for each of ``num_seqs`` requests
+        with ``context_token_sum + k * num_seqs`` tokens in their KV cache.
+        Steps are costed one after the other while a step would start before
+        ``until``, at most ``max_steps``; the clock adds up left to right as
+        the step path's does. Each duration is computed with the same
+        operations, in the same order, as ``step_time_from_lists`` on that
+        all-decode batch, so the two agree bit for bit.
+        """
+        linear = self._linear_time(num_seqs, num_seqs)
+        allreduce = self._allreduce_time(num_seqs)
+        overhead = self._overhead_time(num_seqs)
+        spf, spb, floor_s, const_s, spt = self._decode_coef
+        fpp, kvb = self._attn_flops_per_pair, self._kv_bytes_per_token_layer
+        num_layers = self.shapes.num_layers
+        n = float(num_seqs)
+        q_bytes, per_seq = n * self._q_bytes_per_token, spt * n
+        times, durations = [start], []
+        t, context = start, context_token_sum
+        for _ in range(max_steps):
+            if t >= until:
+                break
+            # _decode_attention_time_scalar(num_seqs, float(context)), inlined.
+            keys = float(context) + n
+            per_layer = max(spf * (keys * fpp), spb * ((keys + n) * kvb + q_bytes), floor_s) \
+                + const_s + per_seq
+            d = linear + num_layers * per_layer + allreduce + overhead
+            t += d
+            times.append(t)
+            durations.append(d)
+            context += num_seqs
+        return times, durations
+
     def breakdown(self, batch: BatchShape) -> dict[str, float]:
         """Seconds per component of a step (for reports and teaching)."""
         new, ctx = batch.num_new_tokens, batch.num_context_tokens

@@ -23,7 +23,7 @@ import simpy
 from simpy.core import NORMAL, URGENT
 from simpy.events import Event
 
-from kvsim.cost.base import CostModel, step_time_function
+from kvsim.cost.base import CostModel, decode_run_function, step_time_function
 from kvsim.sched.base import Scheduler, StepPlan
 from kvsim.sched.request import Request, RequestStatus
 from kvsim.sim.fast import apply_decode_run, plan_decode_run, schedule_step
@@ -162,6 +162,7 @@ class Engine:
         self.scheduler = scheduler
         self.cost_model = cost_model
         self._step_time = step_time_function(cost_model)     # costs a step given as lists
+        self._decode_run_times = decode_run_function(cost_model)   # costs a run of decode steps
         self.make_request = make_request
         self.check_request = check_request
         self.trace = trace
@@ -173,7 +174,6 @@ class Engine:
         self.sink = sink
         self.flush_every = flush_every
         self.num_fast_steps = 0
-        self._decode_step_hint = None    # the last decode run's step time: sizes the next run's costing
         self.steps = StepLog()
         self.done: list[Request] = []            # finished or failed, in order
         self.num_arrived = 0
@@ -240,8 +240,7 @@ class Engine:
             # A step right after arrivals nearly always admits one (no decode
             # run); stepping it one by one is exact either way.
             if self.fast_path and not arrived:
-                run = plan_decode_run(sched, self.cost_model, self.env.now, self.env.peek(),
-                                      step_hint=self._decode_step_hint)
+                run = plan_decode_run(sched, self._decode_run_times, self.env.now, self.env.peek())
             if run is not None:
                 yield from self._decode_run(run)
             else:
@@ -278,7 +277,6 @@ class Engine:
     def _decode_run(self, run):
         """K identical decode steps at once (the fast path, kvsim/sim/fast.py)."""
         yield _AtTime(self.env, float(run.times[-1]))
-        self._decode_step_hint = run.durations[-1]
         finished = apply_decode_run(self.scheduler, run)
         self._record_run(run, finished)
         self._finish(finished)

@@ -6,7 +6,7 @@ admitted, no request finishes and no arrival is due, consecutive steps of the
 token per running request, in running order, and allocates a block when a
 request crosses a block boundary. So instead of K trips through ``schedule()``, the cost model, SimPy
 and ``update_from_output()``, kvsim computes the K step times at once
-(``CostModel.decode_step_times``) and applies the K steps' effects in bulk, in
+(``CostModel.decode_run_times``) and applies the K steps' effects in bulk, in
 exactly the order the step path would (block pops in (step, running index)
 order, block hashing likewise), so every later decision is unchanged.
 
@@ -33,7 +33,6 @@ always step one by one.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass
 
 from kvsim.sched.base import StepPlan, commit_scheduled
@@ -69,12 +68,11 @@ class DecodeRun:
         return out
 
 
-def plan_decode_run(sched, cost_model, now: float, next_event_time: float,
-                    step_hint: float | None = None) -> DecodeRun | None:
+def plan_decode_run(sched, decode_run_times, now: float,
+                    next_event_time: float) -> DecodeRun | None:
     """The longest run of identical decode steps that starts now, or None.
 
-    ``step_hint`` (an earlier decode step's duration, optional) only sizes
-    how many steps are costed at first; it never changes the run.
+    ``decode_run_times`` costs the steps (``kvsim.cost.base.decode_run_function``).
     """
     if type(sched) is not ChunkedScheduler or next_event_time <= now:
         return None
@@ -108,11 +106,10 @@ def plan_decode_run(sched, cost_model, now: float, next_event_time: float,
         first_alloc.append(s0 if s0 > 1 else 1)
     # End with the first step in which a request emits its last token: it
     # finishes, and the batch changes after it.
-    max_steps = min_remaining
-    times, durations = _step_times(cost_model, num_seqs, ctx_sum, now, max_steps, next_event_time,
-                                   step_hint)
-    # A step may start only strictly before the next arrival.
-    k = min(max_steps, bisect_left(times, next_event_time, 0, len(times) - 1))
+    # A step may start only strictly before the next arrival: the costing
+    # stops there.
+    times, durations = decode_run_times(num_seqs, ctx_sum, now, min_remaining, next_event_time)
+    k = len(durations)
     if k < MIN_RUN_STEPS:
         return None
 
@@ -134,43 +131,6 @@ def plan_decode_run(sched, cost_model, now: float, next_event_time: float,
             events.pop()
     return DecodeRun(times[:k + 1], durations[:k], free0, events,
                      [r.request_id for r in running])
-
-
-def _step_times(cost_model, num_seqs: int, ctx_sum: int, now: float, max_steps: int,
-                until: float, step_hint: float | None = None) -> tuple[list[float], list[float]]:
-    """Boundaries and durations of up to ``max_steps`` decode steps from ``now``.
-
-    Stops costing once a step would start at or after ``until``: most runs end
-    at the next arrival, long before the first request finishes. How many
-    steps fit before ``until`` is estimated from ``step_hint`` (or from the
-    first step, costed alone), and the window grows x4 if that was not enough.
-    The clock is accumulated left to right, one step after the other, exactly
-    as the step path's timeouts add up.
-    """
-    times, durations = [now], []
-    done, t = 0, now
-    window = _steps_until(until - now, step_hint, max_steps) if step_hint else 1
-    while done < max_steps and t < until:
-        n = min(window, max_steps - done)
-        d = cost_model.decode_step_times(
-            num_seqs, [ctx_sum + num_seqs * j for j in range(done, done + n)]).tolist()
-        for x in d:
-            t += x
-            times.append(t)
-        durations += d
-        done += n
-        if done == 1:
-            window = _steps_until(until - t, d[0], max_steps)
-        else:
-            window = max(4 * n, 16)
-    return times, durations
-
-
-def _steps_until(span: float, step: float, max_steps: int) -> int:
-    """How many steps of about ``step`` seconds start within ``span`` (a guess, at least 1)."""
-    if step > 0 and span < step * max_steps:
-        return int(span / step) + 2
-    return max_steps
 
 
 def _blocked_head(sched):
