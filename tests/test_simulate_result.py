@@ -39,3 +39,19 @@ def test_written_files_are_the_tables_as_pandas_writes_them(tmp_path):
         assert (out / f"{name}.csv").read_bytes() == (tmp_path / f"{name}-pandas.csv").read_bytes()
     pd.testing.assert_frame_equal(pd.read_csv(out / "steps.csv"), result.steps)
     assert json.loads((out / "summary.json").read_text())["completed"] == result.summary["completed"]
+
+
+def test_stats_count_every_step_and_split_them_between_runs_and_single_steps():
+    fast = kvsim.simulate(SCENARIO)
+    slow = kvsim.simulate(SCENARIO, fast_path=False)
+    assert fast.stats.num_steps == slow.stats.num_steps == len(fast.steps)
+    assert slow.stats.num_run_steps == slow.stats.num_runs == 0
+    assert 0 < fast.stats.num_runs < fast.stats.num_run_steps < fast.stats.num_steps
+    assert fast.stats.skip_ahead_share == fast.stats.num_run_steps / fast.stats.num_steps
+    assert fast.stats.num_arrived == 40
+
+
+def test_stats_carry_the_scheduler_counters():
+    static = kvsim.simulate({**SCENARIO, "engine": {**SCENARIO["engine"], "scheduler": "static"}})
+    util = static.stats.scheduler["slot_utilization"]
+    assert 0 < util < 1

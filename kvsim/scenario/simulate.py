@@ -17,20 +17,26 @@ from kvsim.metrics.summary import summarize
 from kvsim.metrics.tables import write_csv
 from kvsim.scenario.loader import LoadedScenario, load_scenario
 from kvsim.sched.request import Request, RequestStatus
-from kvsim.sim.engine import Engine
+from kvsim.sim.engine import Engine, EngineStats
 from kvsim.sim.run import run_engine
 from kvsim.workload import build_workload
 
 
 @dataclass
 class Result:
-    """What a run produced: the summary, per-request and per-step tables."""
+    """What a run produced: the summary, per-request and per-step tables.
+
+    ``stats`` says how the run was simulated (steps, decode runs, the
+    scheduler's own counters): what benchmarks and reports read instead of
+    reaching into the engine.
+    """
 
     summary: dict[str, Any]
     requests: pd.DataFrame
     steps: pd.DataFrame
     itl_s: np.ndarray = field(repr=False)
     scenario: LoadedScenario | None = field(default=None, repr=False)
+    stats: EngineStats | None = field(default=None, repr=False)
 
     def write(self, out_dir: str | Path) -> Path:
         out = Path(out_dir)
@@ -66,7 +72,8 @@ def simulate(scenario, *, trace=None, overrides=None, fast_path: bool = True,
     if sink is not None:
         summary = sink.stats.summary(num_gpu_blocks=sc.sched_config.num_gpu_blocks)
         summary = {"scenario": sc.name, "scheduler": sc.scheduler, **summary}
-        return Result(summary, requests_frame([]), steps_frame(engine), np.zeros(0), sc)
+        return Result(summary, requests_frame([]), steps_frame(engine), np.zeros(0), sc,
+                      engine.stats())
     return collect_result(engine, sc)
 
 
@@ -98,7 +105,7 @@ def collect_result(engine: Engine, sc: LoadedScenario | None) -> Result:
                         slo=slo or None)
     if sc is not None:
         summary = {"scenario": sc.name, "scheduler": sc.scheduler, **summary}
-    return Result(summary, requests, steps, itl, sc)
+    return Result(summary, requests, steps, itl, sc, engine.stats())
 
 
 def requests_frame(done: list[Request]) -> pd.DataFrame:

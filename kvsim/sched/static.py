@@ -104,6 +104,9 @@ class StaticScheduler:
             self.alloc.free(req.request_id)
         return finished
 
+    def stats(self) -> dict[str, float]:
+        return {"slot_utilization": self.slot_utilization}
+
     @property
     def slot_utilization(self) -> float:
         return self.used_slot_steps / self.slot_steps if self.slot_steps else float("nan")

@@ -144,6 +144,33 @@ class StepLog:
         return out
 
 
+@dataclass(frozen=True)
+class EngineStats:
+    """How a run was simulated (for benchmarks, reports and tests).
+
+    ``num_steps`` engine steps in all; ``num_run_steps`` of them were skipped
+    ahead in ``num_runs`` decode runs (costed and recorded in one go), the
+    other ``num_steps - num_run_steps`` went one by one through
+    ``Scheduler.schedule()``. ``scheduler`` holds the scheduler's own
+    counters (``Scheduler.stats()``; e.g. ``slot_utilization`` of ``static``).
+    """
+
+    num_steps: int
+    num_run_steps: int
+    num_runs: int
+    num_arrived: int
+    scheduler: dict[str, float]
+
+    @property
+    def num_single_steps(self) -> int:
+        return self.num_steps - self.num_run_steps
+
+    @property
+    def skip_ahead_share(self) -> float:
+        """Fraction of the steps simulated inside decode runs."""
+        return self.num_run_steps / self.num_steps if self.num_steps else 0.0
+
+
 class Engine:
     """One serving engine replica driven by SimPy.
 
@@ -173,7 +200,8 @@ class Engine:
         # ``flush_every`` items and forget them, so memory stays bounded.
         self.sink = sink
         self.flush_every = flush_every
-        self.num_fast_steps = 0
+        self.num_fast_steps = 0                  # steps simulated inside decode runs
+        self.num_runs = 0
         self.steps = StepLog()
         self.done: list[Request] = []            # finished or failed, in order
         self.num_arrived = 0
@@ -209,6 +237,12 @@ class Engine:
         stuck = sum(len(v) for v in self._parked.values())
         if stuck:
             raise RuntimeError(f"{stuck} requests wait on requests that never arrived")
+
+    def stats(self) -> EngineStats:
+        sched_stats = getattr(self.scheduler, "stats", None)
+        return EngineStats(num_steps=self.steps.next_step, num_run_steps=self.num_fast_steps,
+                           num_runs=self.num_runs, num_arrived=self.num_arrived,
+                           scheduler=dict(sched_stats()) if sched_stats else {})
 
     # ---------------------------------------------------------- processes
 
@@ -400,6 +434,7 @@ class Engine:
         self.steps.add_run(run.times[:-1], run.durations, free, b, waiting, len(finished),
                            sched.kv.num_usable_blocks)
         self.num_fast_steps += k
+        self.num_runs += 1
         if self.trace is not None:
             scheduled = {rid: 1 for rid in run.request_ids}
             for j in range(k):
