@@ -8,11 +8,11 @@ Three calls make up the interface the schedulers use, as in
   (A1-A4); returns None and changes nothing when the blocks do not fit;
 * ``free(req)``: return a request's blocks, tail first (B6).
 
-Two more serve runs of decode steps that the schedulers skip ahead over
-(DESIGN.md, "skipping time, not rules"): ``decode_run_allocations`` says when
-each block of a run would be allocated, ``allocate_decode_steps`` performs
-those steps' allocations and caching, exactly as one ``allocate_slots(req, 1)``
-per request per step would.
+A few more serve runs of decode steps that the schedulers skip ahead over
+(DESIGN.md, "skipping time, not rules"): ``decode_run_first_allocations`` and
+``nth_decode_run_allocation`` say when the blocks of a run would be taken,
+``allocate_decode_steps`` performs those steps' allocations and caching,
+exactly as one ``allocate_slots(req, 1)`` per request per step would.
 
 ``fork`` adds copy-on-write sharing for parallel sampling and beam search
 (kv-semantics V5), which V1 does not have but V0 and the vLLM paper do.
@@ -177,36 +177,57 @@ class KVCacheManager:
 
     # ------------------------------------------------------- decode runs
 
-    def decode_run_allocations(self, reqs: Sequence, num_computed: Sequence[int],
-                               max_steps: int) -> list[tuple[int, int]] | None:
-        """When each block of a run of one-token steps would be allocated.
+    def decode_run_first_allocations(self, reqs: Sequence, num_computed: Sequence[int]) -> list[int] | None:
+        """For a run of one-token steps: the step at which each request first needs a block.
 
-        ``reqs`` decode one token each per step, in this order, for up to
-        ``max_steps`` steps from ``num_computed`` tokens each. Returns
-        (step, index into reqs) of every block the run allocates, in the order
-        ``allocate_slots(req, 1)`` per request per step would pop them (step
-        1 first). None when a run cannot be planned ahead (copy-on-write).
+        ``reqs`` decode one token each per step, in this order, from
+        ``num_computed`` tokens each. Step s (1-based) writes token c + s - 1,
+        which needs a new block when it lies past the blocks held (A5); after
+        that, one every ``block_size`` steps. None when a run cannot be planned
+        ahead (copy-on-write).
         """
         if self._any_forks:
             return None
         bs = self.block_size
         blocks_of = self.req_to_blocks
-        events = []
-        for i, r in enumerate(reqs):
-            # Step s (1-based) writes token c + s - 1; it needs a new block when
-            # that token lies past the blocks held (A5).
-            s0 = len(blocks_of[r.request_id]) * bs - num_computed[i] + 1
-            events.extend((s, i) for s in range(max(s0, 1), max_steps + 1, bs))
-        events.sort()
-        return events
+        return [max(len(blocks_of[r.request_id]) * bs - c + 1, 1) for r, c in zip(reqs, num_computed)]
+
+    def nth_decode_run_allocation(self, first_allocations: Sequence[int], n: int,
+                                  max_steps: int) -> tuple[int, int] | None:
+        """(step, batch index) of the ``n``-th block (1-based) a run allocates, in
+        pop order (step by step, batch order within a step), or None when it
+        allocates fewer than ``n`` within ``max_steps`` steps."""
+        bs = self.block_size
+
+        def allocated_by(step: int) -> int:
+            return sum((step - s0) // bs + 1 for s0 in first_allocations if s0 <= step)
+
+        if n < 1:
+            return (1, 0)
+        if allocated_by(max_steps) < n:
+            return None
+        lo, hi = 1, max_steps                     # the first step by which n blocks are taken
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if allocated_by(mid) >= n:
+                hi = mid
+            else:
+                lo = mid + 1
+        rank = n - allocated_by(lo - 1)
+        for i, s0 in enumerate(first_allocations):
+            if s0 <= lo and (lo - s0) % bs == 0:
+                rank -= 1
+                if rank == 0:
+                    return lo, i
+        raise AssertionError("unreachable: the step takes fewer blocks than counted")
 
     def allocate_decode_steps(self, reqs: Sequence, num_computed: Sequence[int],
-                              events: Sequence[tuple[int, int]], first_step: int,
+                              first_allocations: Sequence[int], first_step: int,
                               last_step: int) -> list[int]:
         """Steps ``first_step..last_step`` of a decode run: blocks, then caching (A2-A5).
 
-        ``events`` are the run's ``decode_run_allocations``; ``num_computed``
-        the requests' computed tokens before step 1 of the run. Does what
+        ``num_computed`` and ``first_allocations`` describe the requests before
+        step 1 of the run (``decode_run_first_allocations``). Does what
         ``allocate_slots(req, 1)`` does for each request in each step (the
         blocks the steps need, known to fit; the blocks they fill, hashed),
         in the same order. Returns the free blocks after each step.
@@ -217,35 +238,55 @@ class KVCacheManager:
         order.
         """
         pool = self.pool
+        bs = self.block_size
+        num_seqs = len(reqs)
         blocks_of = self.req_to_blocks
+        # Pops as step * num_seqs + index: sorted, they are in pop order.
+        keys = []
+        for i, s0 in enumerate(first_allocations):
+            s = s0 if s0 >= first_step else s0 + -(-(first_step - s0) // bs) * bs
+            keys.extend(range(s * num_seqs + i, last_step * num_seqs + num_seqs, bs * num_seqs))
         taken = [0] * (last_step - first_step + 1)
-        owners = []
-        for s, i in events:
-            if first_step <= s <= last_step:
-                taken[s - first_step] += 1
-                owners.append(i)
-        if owners:
-            for i, block in zip(owners, pool.get_new_blocks(len(owners))):
-                blocks_of[reqs[i].request_id].append(block)
+        if keys:
+            keys.sort()
+            for key, block in zip(keys, pool.get_new_blocks(len(keys))):
+                blocks_of[reqs[key % num_seqs].request_id].append(block)
+                taken[key // num_seqs - first_step] += 1
         if self.enable_caching:
-            bs = self.block_size
-            cached = self.num_cached_block
-            fills = []                           # (step, index): the step fills a block
-            for i, r in enumerate(reqs):
-                # Step s computes token c + s - 1: the request then holds c + s
-                # tokens, so the next uncached block fills at this step.
-                s = (cached[r.request_id] + 1) * bs - num_computed[i]
-                fills.extend((t, i) for t in range(s, last_step + 1, bs))
-            fills.sort()
-            for s, i in fills:
-                r = reqs[i]
-                self._cache_full_blocks(r, blocks_of[r.request_id], num_computed[i] + s)
-        free = pool.get_num_free_blocks() + len(owners)
+            self._cache_decode_steps(reqs, num_computed, last_step)
+        free = pool.get_num_free_blocks() + len(keys)
         out = []
-        for n in taken:
-            free -= n
+        for k in taken:
+            free -= k
             out.append(free)
         return out
+
+    def _cache_decode_steps(self, reqs: Sequence, num_computed: Sequence[int], last_step: int) -> None:
+        """A4 for every block the run's steps fill up to ``last_step``, in
+        (step, batch index) order, as the step path hashes them (the order
+        matters when two blocks share a hash, B8)."""
+        bs = self.block_size
+        cached = self.num_cached_block
+        blocks_of = self.req_to_blocks
+        spans = []
+        for i, r in enumerate(reqs):
+            lo, hi = cached[r.request_id], (num_computed[i] + last_step) // bs
+            if hi > lo:
+                spans.append((i, lo, hi))
+        if not spans:
+            return
+        num_seqs = len(reqs)
+        fills = []                    # step * num_seqs + index: the step fills a block
+        for i, lo, hi in spans:
+            # Step s leaves the request with c + s tokens: block j is full at
+            # step (j + 1) * bs - c.
+            first = (lo + 1) * bs - num_computed[i]
+            fills.extend(range(first * num_seqs + i, last_step * num_seqs + num_seqs, bs * num_seqs))
+        fills.sort()
+        for key in fills:
+            i = key % num_seqs
+            r = reqs[i]
+            self._cache_full_blocks(r, blocks_of[r.request_id], num_computed[i] + key // num_seqs)
 
     def first_step_caching(self, reqs: Sequence, num_computed: Sequence[int], block_hash: int,
                            max_steps: int) -> int | None:

@@ -43,8 +43,8 @@ class DecodeRun:
     ran back to ``Scheduler.apply_decode_run``.
 
     The rest is the scheduler's own bookkeeping: the batch, each request's
-    computed tokens before step 1, the run's block allocations (step, batch
-    index), and how many steps' allocations are already applied.
+    computed tokens before step 1 and the step at which it first needs a
+    block, and how many steps' allocations are already applied.
     """
 
     num_seqs: int
@@ -52,7 +52,7 @@ class DecodeRun:
     max_steps: int
     requests: list = field(repr=False)
     num_computed: list[int] = field(repr=False)
-    allocations: list[tuple[int, int]] = field(repr=False)
+    first_allocations: list[int] = field(repr=False)
     num_free_blocks: int = 0               # before step 1
     steps_allocated: int = 0
     free_after: list[int] = field(default_factory=list, repr=False)

@@ -17,7 +17,6 @@ from kvsim.sched.paged import PagedScheduler
 from kvsim.sched.queues import make_waiting_queue
 from kvsim.sched.request import Request, RequestStatus
 
-NO_LIMIT = 1 << 62
 
 
 class ChunkedScheduler(PagedScheduler):
@@ -262,9 +261,8 @@ class ChunkedScheduler(PagedScheduler):
         return kv.num_blocks_to_allocate(req, need, hits) + wm <= free
 
 
-def _steps_before_a_block_runs_out(allocations: list[tuple[int, int]], num_free: int,
-                                   num_seqs: int) -> int:
+def _steps_before_a_block_runs_out(nth_allocation, num_free: int, num_seqs: int,
+                                   max_steps: int) -> int:
     """A2/P1: the run stops before the step whose allocation would not fit."""
-    if len(allocations) <= num_free:
-        return NO_LIMIT
-    return allocations[num_free][0] - 1
+    beyond = nth_allocation(num_free + 1)
+    return max_steps if beyond is None else min(max_steps, beyond[0] - 1)

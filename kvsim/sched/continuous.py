@@ -24,9 +24,6 @@ from kvsim.sched.paged import PagedScheduler
 from kvsim.sched.queues import FcfsQueue
 from kvsim.sched.request import Request, RequestStatus
 
-NO_LIMIT = 1 << 62
-
-
 class ContinuousScheduler(PagedScheduler):
     """vLLM V0's default (non-chunked) scheduler."""
 
@@ -213,8 +210,8 @@ class ContinuousScheduler(PagedScheduler):
             plan.scheduled.append((req, 1, computed))
 
 
-def _steps_with_a_free_block_each(allocations: list[tuple[int, int]], num_free: int,
-                                  num_seqs: int) -> int:
+def _steps_with_a_free_block_each(nth_allocation, num_free: int, num_seqs: int,
+                                  max_steps: int) -> int:
     """V3: every decode needs a free block at its turn, whether it takes one or not.
 
     The pop that empties the pool ends the run: after that step when it was
@@ -222,7 +219,8 @@ def _steps_with_a_free_block_each(allocations: list[tuple[int, int]], num_free: 
     """
     if num_free == 0:
         return 0
-    if len(allocations) < num_free:
-        return NO_LIMIT
-    step, index = allocations[num_free - 1]
-    return step if index == num_seqs - 1 else step - 1
+    last = nth_allocation(num_free)
+    if last is None:
+        return max_steps
+    step, index = last
+    return min(max_steps, step if index == num_seqs - 1 else step - 1)

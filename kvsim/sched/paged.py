@@ -83,37 +83,40 @@ class PagedScheduler:
                   steps_that_fit) -> DecodeRun | None:
         """A run of at most ``max_steps``, cut where blocks run out.
 
-        ``steps_that_fit(allocations, num_free)`` is the scheduler's rule for
-        how many steps the free blocks carry (the step after them would
-        preempt or wait).
+        ``steps_that_fit(nth_allocation, num_free, num_seqs, max_steps)`` is the
+        scheduler's rule for how many steps the free blocks carry (the step
+        after them would preempt); ``nth_allocation(n)`` is the (step, batch
+        index) of the run's n-th block, or None.
         """
         if max_steps < 1:
             return None
+        kv = self.kv
         reqs = list(self.running)
         computed = [r.num_computed_tokens for r in reqs]
-        allocations = self.kv.decode_run_allocations(reqs, computed, max_steps)
-        if allocations is None:
+        first = kv.decode_run_first_allocations(reqs, computed)
+        if first is None:
             return None
-        free = self.kv.get_num_free_blocks()
-        k = min(max_steps, steps_that_fit(allocations, free, len(reqs)))
+        free = kv.get_num_free_blocks()
+        k = steps_that_fit(lambda n: kv.nth_decode_run_allocation(first, n, max_steps),
+                           free, len(reqs), max_steps)
         if k < 1:
             return None
-        if len(allocations) and allocations[-1][0] > k:
-            allocations = [e for e in allocations if e[0] <= k]
         return DecodeRun(num_seqs=len(reqs), context_token_sum=context_sum, max_steps=k,
-                         requests=reqs, num_computed=computed, allocations=allocations,
+                         requests=reqs, num_computed=computed, first_allocations=first,
                          num_free_blocks=free)
 
     def sync_decode_run(self, run: DecodeRun, num_started: int) -> None:
         if num_started > run.steps_allocated:
             run.free_after += self.kv.allocate_decode_steps(
-                run.requests, run.num_computed, run.allocations, run.steps_allocated + 1, num_started)
+                run.requests, run.num_computed, run.first_allocations, run.steps_allocated + 1,
+                num_started)
             run.steps_allocated = num_started
 
     def apply_decode_run(self, run: DecodeRun, num_steps: int,
                          token_times: list[float]) -> list[Request]:
         """S6-S7 of ``num_steps`` one-token steps, for every request of the batch."""
-        if not 1 <= num_steps <= run.max_steps or len(token_times) != num_steps:
+        if (not run.steps_allocated <= num_steps <= run.max_steps or num_steps < 1
+                or len(token_times) != num_steps):
             raise ValueError(f"apply_decode_run: {num_steps} steps of a run of {run.max_steps} "
                              f"with {len(token_times)} token times")
         self.sync_decode_run(run, num_steps)
