@@ -14,7 +14,7 @@ from kvsim.cost.fitted import PROFILE_DIR, load_profile
 from kvsim.cost.step_model import _SCALAR_DECODE_RUN
 from kvsim.specs import list_gpus, list_models, load_gpu, load_model
 
-from calibration.replay import RTX4090  # noqa: E402  (an inline GPU spec, no torch)
+from kvsim.cost.published_runs import RTX4090  # an inline GPU spec
 
 LLAMA70 = load_model("llama-2-70b")
 A100 = load_gpu("a100-80gb-sxm")
