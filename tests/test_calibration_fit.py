@@ -117,8 +117,17 @@ def test_calibrate_fit_cli_writes_a_profile_the_factory_loads(tmp_path):
     profile = json.loads(out.read_text())
     assert (profile["gpu"], profile["model"], profile["tp"]) == ("h100-sxm", "llama-3.1-8b", 1)
     from kvsim.cost import BatchShape, build_cost_model
+    from kvsim.cost.fitted import fitted_cost_model
     cm = build_cost_model({"type": "fitted", "profile": str(out)}, model=MODEL, gpu=GPU)
-    assert cm.step_time(BatchShape.from_lists([512], [0])) > 0
+    # The loaded ops time a call as the formula the rows were generated from
+    # (synthetic_rows: max(1.2e-15 s/FLOP, 3.5e-13 s/byte) + 4 us for qkv_proj).
+    qkv = {o.name: o for o in rank_shapes(MODEL, 1).ops}["qkv_proj"]
+    for n in (1, 512, 4096):
+        expected = max(1.2e-15 * qkv.flops(n), 3.5e-13 * qkv.bytes(n)) + 4e-6
+        assert cm.ops["qkv_proj"].time(qkv.flops(n), qkv.bytes(n)) == pytest.approx(expected, rel=1e-3)
+    # and the factory's model is the profile's, step for step
+    batch = BatchShape.from_lists([512, 1, 1], [0, 700, 3000])
+    assert cm.step_time(batch) == fitted_cost_model(profile, MODEL, GPU).step_time(batch)
 
 
 def test_calibrate_fit_cli_names_a_missing_column(tmp_path, capsys):
