@@ -73,3 +73,39 @@ def test_the_fitted_scenario_runs_from_another_directory(tmp_path, monkeypatch):
     prompt = int(result.requests.sort_values("arrival_time_s")["num_prompt_tokens"].iloc[0])
     from kvsim.cost import BatchShape
     assert first["duration_s"] == shipped.step_time(BatchShape.from_lists([prompt], [0]))
+
+
+AUDIT = """
+import site, sys
+import kvsim
+from kvsim.scenario import load_scenario, simulate
+opened = []
+sys.addaudithook(lambda event, args: opened.append(str(args[0])) if event == "open" else None)
+simulate(load_scenario(sys.argv[1])).write(sys.argv[2])
+python = {sys.prefix, sys.base_prefix, *site.getsitepackages()}
+for path in sorted(set(opened)):
+    if not any(path.startswith(root) for root in python):
+        print(path)
+"""
+
+
+@pytest.mark.parametrize("name", ["fitted_a100", "chunk_size_itl"])
+def test_a_run_reads_no_file_but_the_packages_and_its_inputs(tmp_path, name):
+    """At run time the library opens its own package files (catalogs, profiles), the
+    scenario and the files it names, and what it writes: nothing else (an audit hook
+    sees every open() of the simulation and the writing of its tables)."""
+    import os
+    import subprocess
+    import sys
+    scenario = REPO / "scenarios" / f"{name}.yaml"
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, "-c", AUDIT, str(scenario), str(out)], cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    package = str(Path(kvsim.__file__).resolve().parent)
+    # /sys, /proc, /dev: the machine, as libraries probe it (numexpr reads the cgroup's CPU quota)
+    outside = [p for p in run.stdout.splitlines()
+               if not p.startswith((package, str(scenario.parent), str(out), "/sys/", "/proc/", "/dev/"))]
+    assert outside == []
+    assert str(scenario) in run.stdout.splitlines()
