@@ -90,3 +90,19 @@ def test_bad_options_name_the_option(kwargs, message):
     options = {"executor": "local", "workers": None, "address": None, **kwargs}
     with pytest.raises(ExecutorError, match=message):
         check_options(**options)
+
+
+def dies_on_even(scenario, point_dir=None):
+    if scenario["x"] % 2 == 0:
+        os._exit(3)
+    time.sleep(0.01)
+    return {"value": scenario["x"], "pid": os.getpid()}
+
+
+def test_every_task_gets_exactly_one_record_however_often_workers_die():
+    # Half the tasks kill their worker at once, so the driver often writes the next
+    # task to a worker that is already dead: that task must run elsewhere, and the
+    # dead worker's running task must still get its crash record.
+    done = run([Task(k, {"x": k}) for k in range(40)], dies_on_even, 3)
+    assert sorted(k for k, _ in done) == list(range(40))
+    assert all((r["summary"] is None) == (k % 2 == 0) for k, r in done)

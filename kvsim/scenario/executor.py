@@ -254,9 +254,17 @@ class _LocalPool:
                     number, task = next(numbers), queue.popleft()
                     try:
                         worker.conn.send((number, task.scenario, task.point_dir))
-                    except OSError:                 # it died idle (killed from outside)
+                    except OSError:
+                        # It died (its pipe is broken) before we saw it: the task goes
+                        # back, and what the worker had is collected like any crash.
                         queue.appendleft(task)
-                        self._drop(worker)
+                        if worker.process.is_alive():
+                            worker.process.kill()
+                        worker.process.join()
+                        for done_task, record in self._collect(worker, queue):
+                            queue.extend(on_done(done_task, record) or ())
+                        if worker in self.workers:     # it died idle
+                            self._drop(worker)
                         continue
                     worker.queued.append((number, task))
                 busy = [w for w in self.workers if w.queued]
