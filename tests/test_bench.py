@@ -160,3 +160,32 @@ def test_tiny_w1_and_w4_write_a_full_report(tmp_path):
     assert text.count("| same summary from both paths | yes |") == 2
     assert "| simulated requests | 100 | 100 | 100 |" in text
     assert "kvsim bench W1 W4 --reps 1 --requests 100 --out" in text
+
+
+@pytest.mark.parametrize("path", ["fast", "step"])
+def test_the_child_runner_records_what_simulate_reports_without_patching_it(tmp_path, path):
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    import kvsim
+    from kvsim.bench.child import run_child
+
+    scenario = str(Path(__file__).resolve().parent.parent / "scenarios" / "quickstart.yaml")
+    record_file, out = tmp_path / "rec.json", tmp_path / "out"
+    assert run_child([str(record_file), path, scenario, "--out", str(out),
+                      "--set", "workload.num_requests=20"]) == 0
+    rec = json.loads(record_file.read_text())
+    alone = kvsim.simulate(scenario, overrides=["workload.num_requests=20"], fast_path=path == "fast")
+    assert (rec["num_steps"], rec["num_fast_steps"]) == (alone.stats.num_steps, alone.stats.num_run_steps)
+    assert rec["num_steps"] == len(pd.read_csv(out / "steps.csv"))
+    assert rec["num_requests"] == 20 and rec["summary"]["completed"] == 20
+    assert (rec["num_fast_steps"] > 0) == (path == "fast")   # the step path skips nothing
+    assert bench.same_summary(rec["summary"], dict(alone.summary))
+    assert json.loads((out / "summary.json").read_text())["completed"] == 20   # kvsim run's files
+
+
+def test_bench_scenarios_folder_is_an_option_and_a_missing_one_is_named(tmp_path):
+    with pytest.raises(ValueError, match=r"^--scenarios .*nowhere: no w1.yaml there; give the folder"):
+        bench.bench_command(bench_args("W1", scenarios=str(tmp_path / "nowhere")), log=lambda *_: None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -14,6 +15,7 @@ from kvsim.cost.fit import fit_profile, heldout_by_key
 from kvsim.cost.nnls import fit_roofline_op, nnls
 from kvsim.specs import load_gpu, load_model
 
+SHARED_PROFILES = Path(__file__).resolve().parents[2] / "shared" / "data" / "profiles"
 MODEL = load_model("llama-3.1-8b")
 GPU = load_gpu("h100-sxm")
 
@@ -115,8 +117,17 @@ def test_calibrate_fit_cli_writes_a_profile_the_factory_loads(tmp_path):
     profile = json.loads(out.read_text())
     assert (profile["gpu"], profile["model"], profile["tp"]) == ("h100-sxm", "llama-3.1-8b", 1)
     from kvsim.cost import BatchShape, build_cost_model
+    from kvsim.cost.fitted import fitted_cost_model
     cm = build_cost_model({"type": "fitted", "profile": str(out)}, model=MODEL, gpu=GPU)
-    assert cm.step_time(BatchShape.from_lists([512], [0])) > 0
+    # The loaded ops time a call as the formula the rows were generated from
+    # (synthetic_rows: max(1.2e-15 s/FLOP, 3.5e-13 s/byte) + 4 us for qkv_proj).
+    qkv = {o.name: o for o in rank_shapes(MODEL, 1).ops}["qkv_proj"]
+    for n in (1, 512, 4096):
+        expected = max(1.2e-15 * qkv.flops(n), 3.5e-13 * qkv.bytes(n)) + 4e-6
+        assert cm.ops["qkv_proj"].time(qkv.flops(n), qkv.bytes(n)) == pytest.approx(expected, rel=1e-3)
+    # and the factory's model is the profile's, step for step
+    batch = BatchShape.from_lists([512, 1, 1], [0, 700, 3000])
+    assert cm.step_time(batch) == fitted_cost_model(profile, MODEL, GPU).step_time(batch)
 
 
 def test_calibrate_fit_cli_names_a_missing_column(tmp_path, capsys):
@@ -130,7 +141,8 @@ def test_calibrate_fit_cli_names_a_missing_column(tmp_path, capsys):
 def test_calibrate_report_on_one_profile(tmp_path):
     out = tmp_path / "calibration.md"
     assert kvsim_main(["calibrate", "report", "--profiles", "a100-80gb-sxm_llama-2-70b_tp2",
-                       "--no-figures", "--no-replay", "--out", str(out)]) == 0
+                       "--data", str(SHARED_PROFILES), "--no-figures", "--no-replay",
+                       "--out", str(out)]) == 0
     text = out.read_text()
     assert "| a100-80gb-sxm_llama-2-70b_tp2 |" in text
     assert "Splitwise" in text and "decode batch 128" in text
@@ -140,7 +152,35 @@ def test_published_profile_refit_matches_the_shipped_one():
     from kvsim.cost.fitted import load_profile
     from kvsim.cost.published import PUBLISHED, build_published_profile
     spec = next(p for p in PUBLISHED if p.name == "a100-80gb-sxm_llama-2-7b_tp1")
-    fresh = json.loads(json.dumps(build_published_profile(spec, load_model, load_gpu)))
+    fresh = json.loads(json.dumps(build_published_profile(spec, load_model, load_gpu,
+                                                          root=SHARED_PROFILES)))
     shipped = load_profile(spec.name)
     assert fresh["ops"] == shipped["ops"]
     assert fresh["errors"] == shipped["errors"]
+
+
+def test_data_root_is_the_option_then_the_environment_then_the_checkout_default(tmp_path, monkeypatch):
+    from kvsim.cost.published import DATA_ROOT_ENV, DEFAULT_DATA_ROOT, data_root
+    monkeypatch.delenv(DATA_ROOT_ENV, raising=False)
+    given, env = tmp_path / "given", tmp_path / "env"
+    given.mkdir()
+    env.mkdir()
+    assert data_root(given) == given
+    monkeypatch.setenv(DATA_ROOT_ENV, str(env))
+    assert data_root(given) == given and data_root() == env
+    monkeypatch.delenv(DATA_ROOT_ENV)
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "shared" / "data" / "profiles").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path / "repo")       # the default is seen from the repository root
+    assert data_root() == DEFAULT_DATA_ROOT == Path("../shared/data/profiles")
+
+
+def test_calibrate_report_without_the_published_tables_is_one_line_naming_the_folder(tmp_path, capsys):
+    missing = tmp_path / "nowhere"
+    assert kvsim_main(["calibrate", "report", "--data", str(missing), "--no-figures",
+                       "--out", str(tmp_path / "c.md")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"kvsim calibrate: error: published data: --data -> {missing} is not a folder; "
+                   f"give the folder of published tables (vidur/, splitwise/, llmservingsim/, "
+                   f"apex_plus/) with --data DIR or $KVSIM_PROFILE_DATA")
+    assert not (tmp_path / "c.md").exists()

@@ -14,7 +14,7 @@ from kvsim.cost.fitted import PROFILE_DIR, load_profile
 from kvsim.cost.step_model import _SCALAR_DECODE_RUN
 from kvsim.specs import list_gpus, list_models, load_gpu, load_model
 
-from calibration.replay import RTX4090  # noqa: E402  (an inline GPU spec, no torch)
+from kvsim.cost.published_runs import RTX4090  # an inline GPU spec
 
 LLAMA70 = load_model("llama-2-70b")
 A100 = load_gpu("a100-80gb-sxm")
@@ -274,7 +274,25 @@ def test_inline_gpu_with_profile_gpu_name_is_accepted():
     gpu = dataclasses.replace(load_gpu("a100-80gb-pcie"), interconnect_bandwidth_gbps=300.0)
     cm = build_cost_model({"type": "fitted", "profile": "a100-80gb-pcie_yi-34b_tp2"},
                           model=load_model("yi-34b"), gpu=gpu, tp=2)
-    assert cm.step_time(BatchShape.from_lists([1024], [0])) > 0
+    profile = load_profile("a100-80gb-pcie_yi-34b_tp2")
+    # The profile's coefficients time the step, not the inline GPU's datasheet: the
+    # catalog GPU of the same name gives the same times ...
+    catalog = build_cost_model({"type": "fitted", "profile": "a100-80gb-pcie_yi-34b_tp2"},
+                               model=load_model("yi-34b"), gpu=load_gpu("a100-80gb-pcie"), tp=2)
+    batch = BatchShape.from_lists([1024], [0])
+    assert cm.step_time(batch) == catalog.step_time(batch)
+    # ... and the all-reduce is the profile's line: sec_per_byte x ring bytes + const_s
+    ar = profile["allreduce"]
+    assert (cm.allreduce.sec_per_byte, cm.allreduce.const_s) == (ar["sec_per_byte"], ar["const_s"])
+    # One 1024-token prefill is the linear ops, attention and overhead plus the TP2
+    # all-reduces, two per layer (Megatron), each the profile's line on the ring bytes
+    # 2 (tp - 1) / tp x tokens x hidden x 2 bytes (bf16).
+    model = load_model("yi-34b")
+    ring_bytes = 2 * (2 - 1) / 2 * 1024 * model.hidden_size * 2
+    allreduce = 2 * model.num_layers * (ar["sec_per_byte"] * ring_bytes + ar["const_s"])
+    parts = (cm._linear_time(1024, 1) + cm._prefill_attention_time_scalar([1024], [0])
+             + cm._overhead_time(1))
+    assert cm.step_time(batch) == pytest.approx(parts + allreduce, rel=1e-12)
 
 
 @pytest.mark.parametrize("make", [roofline, fitted,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 import yaml
@@ -174,7 +175,17 @@ def test_kvsim_run_meets_the_slo_at_the_reported_rate_and_misses_just_above(tmp_
     assert missed(simulate(load_scenario(replay)).summary) == []
     above = simulate(load_scenario(replay, overrides=[f"workload.arrival.rate={fails_at}"]))
     assert missed(above.summary) != []
-    assert (tmp_path / "out" / "plan.png").stat().st_size > 1000
+    # plan.png is the goodput chart of plan.csv (write_outputs saves it at 110 dpi)
+    import io
+
+    from matplotlib.image import imread
+
+    from kvsim import plots
+    buf = io.BytesIO()
+    plots.plan_goodput(pd.read_csv(tmp_path / "out" / "plan.csv"), title="tiny_plan").savefig(
+        buf, format="png", dpi=110)
+    buf.seek(0)
+    assert np.array_equal(imread(tmp_path / "out" / "plan.png"), imread(buf, format="png"))
 
 
 def test_a_model_that_does_not_fit_is_a_row_not_a_crash():
@@ -201,14 +212,12 @@ def test_cli_bad_input_is_one_line_with_exit_status_2(tmp_path, capsys):
     assert len(err.splitlines()) == 1
 
 
-def test_a_probe_that_raises_is_a_row_with_the_error_not_a_crash(monkeypatch):
-    import kvsim.plan as plan_module
+def broken_probe(scenario, point_dir=None, *, base_dir=None):
+    raise RuntimeError("engine invariant broken")
 
-    def broken_probe(scenario, point_dir=None, *, base_dir=None):
-        raise RuntimeError("engine invariant broken")
 
-    monkeypatch.setattr(plan_module, "probe_point", broken_probe)
-    rows = run_plan(parse_plan(tiny_plan()), workers=1)
+def test_a_probe_that_raises_is_a_row_with_the_error_not_a_crash():
+    rows = run_plan(parse_plan(tiny_plan()), workers=1, probe=broken_probe)
     assert rows[0]["status"] == "error"
     assert rows[0]["detail"] == ("the probe at 2 req/s (seed 0) raised RuntimeError: "
                                  "engine invariant broken")
@@ -227,3 +236,97 @@ def test_plan_plot_names_rows_without_a_rate_and_labels_the_binding_constraint()
     assert [t.get_text() for t in ax.texts] == ["40 req/s/GPU\ncompute\n2 GPUs for target",
                                                 "does not fit"]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["h100-sxm tp1", "l4 tp1"]
+
+
+def dying_probe(scenario, point_dir=None, *, base_dir=None):
+    import os
+    os._exit(7)   # the worker dies, as with a segfault or an OOM kill
+
+
+def test_a_probe_whose_worker_dies_is_an_error_row_and_the_other_candidates_still_run():
+    plan = parse_plan(tiny_plan(gpus=["l4", "a10g"]))
+    rows = run_plan(plan, workers=2, probe=dying_probe)
+    assert [r["status"] for r in rows] == ["error", "error"]
+    assert rows[0]["detail"] == ("the probe at 2 req/s (seed 0) raised worker process died "
+                                 "(exit status 7) while this point was running")
+
+
+def test_a_rerun_with_the_same_out_reads_every_finished_probe_back(tmp_path):
+    plan = parse_plan(tiny_plan(gpus=["l4"], seeds=2))
+    first = run_plan(plan, workers=1, out_dir=tmp_path)
+    notes: list[str] = []
+    # Nothing is simulated again: a probe that would raise is never called.
+    again = run_plan(plan, workers=1, out_dir=tmp_path, log=notes.append)
+    assert again == first and first[0]["status"] == "ok"
+    assert notes == [f"{first[0]['num_probes']} of {first[0]['num_probes']} probes read back "
+                     f"from {tmp_path / 'probes.jsonl'}"]
+
+
+def test_a_rerun_after_an_interruption_simulates_only_the_missing_probes(tmp_path):
+    import json
+    plan = parse_plan(tiny_plan(gpus=["l4"]))
+    whole = run_plan(plan, workers=1, out_dir=tmp_path)
+    log = tmp_path / "probes.jsonl"
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join(lines[:3]) + "\n" + lines[3][:20])   # killed while writing the 4th
+    resumed = run_plan(plan, workers=1, out_dir=tmp_path)
+    assert resumed == whole
+    after = log.read_text().splitlines()
+    assert after[:3] == lines[:3] and after[3] == lines[3][:20]
+    # one new line per probe simulated again: exactly the ones that were lost
+    assert [json.loads(x)["probe_id"] for x in after[4:]] == [json.loads(x)["probe_id"] for x in lines[3:]]
+
+
+def test_probes_of_another_probe_function_are_not_read_back(tmp_path):
+    plan = parse_plan(tiny_plan(gpus=["l4"]))
+    run_plan(plan, workers=1, out_dir=tmp_path)
+    rows = run_plan(plan, workers=1, out_dir=tmp_path, probe=broken_probe)
+    assert rows[0]["status"] == "error"
+
+
+def test_plan_executor_options_are_checked_like_the_sweeps(tmp_path):
+    from kvsim.scenario.executor import ExecutorError
+    with pytest.raises(ExecutorError, match="--executor: 'dask' is not an executor; allowed: local, ray"):
+        run_plan(parse_plan(tiny_plan()), executor="dask")
+
+
+def test_kvsim_plan_on_ctrl_c_exits_130_with_one_line_and_a_rerun_resumes(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    plan_file = tmp_path / "plan.yaml"
+    data = tiny_plan(gpus=["l4", "a10g", "a40", "a100-80gb-sxm"], seeds=2)
+    data["workload"]["num_requests"] = 200
+    plan_file.write_text(yaml.safe_dump(data))
+    out = tmp_path / "out"
+    cli = subprocess.Popen([sys.executable, "-m", "kvsim", "plan", str(plan_file), "--out", str(out),
+                            "--workers", "2"], env={**os.environ, "PYTHONPATH": str(repo)},
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        log = out / "probes.jsonl"
+        deadline = time.monotonic() + 60
+        while not (log.exists() and log.read_text().count("\n") >= 2) and cli.poll() is None:
+            assert time.monotonic() < deadline, "no probe finished within 60 s"
+            time.sleep(0.05)
+        cli.send_signal(signal.SIGINT)
+        stdout, stderr = cli.communicate(timeout=60)
+    finally:
+        cli.kill()
+    if cli.returncode == 0:
+        pytest.skip("the plan finished before the signal arrived (a very fast machine)")
+    assert cli.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == (
+        f"kvsim plan: stopped by SIGINT; the workers are stopped; every finished simulation is in "
+        f"{out / 'probes.jsonl'}; rerun the same command to resume")
+    kept = log.read_text().count("\n")
+    assert main(["plan", str(plan_file), "--out", str(out), "--workers", "1"]) == 0
+    assert pd.read_csv(out / "plan.csv")["status"].tolist() == ["ok"] * 4
+    lines = log.read_text().splitlines()
+    import json
+    ids = [json.loads(x)["probe_id"] for x in lines if x.strip().endswith("}")]
+    assert len(ids) == len(set(ids)) and len(ids) >= kept       # nothing kept was simulated again

@@ -1,5 +1,6 @@
 """Every plot renders headless to PNG and SVG, is labelled, and names missing columns."""
 
+import io
 import json
 
 import numpy as np
@@ -178,6 +179,30 @@ def test_empty_table_is_an_error():
 # --- kvsim plot -------------------------------------------------------------------
 
 
+CLI_DPI = 120       # what `kvsim plot` saves at
+
+
+def pixels(source) -> np.ndarray:
+    """RGBA pixels of a PNG file, or of a figure saved as `kvsim plot` saves it."""
+    from matplotlib.image import imread
+    if isinstance(source, Figure):
+        buf = io.BytesIO()
+        source.savefig(buf, format="png", dpi=CLI_DPI)
+        buf.seek(0)
+        return imread(buf, format="png")
+    return imread(source)
+
+
+def assert_draws(path, figure, other_figure) -> None:
+    """The PNG at ``path`` is ``figure`` pixel for pixel, at the figure's size, and
+    ``other_figure`` (the same plot of other data) looks different."""
+    image = pixels(path)
+    width, height = figure.get_size_inches() * CLI_DPI
+    assert image.shape == (round(height), round(width), 4)
+    assert np.array_equal(image, pixels(figure))
+    assert not np.array_equal(image, pixels(other_figure))
+
+
 @pytest.fixture
 def run_dir(tmp_path):
     d = tmp_path / "run"
@@ -191,7 +216,11 @@ def test_cli_draws_a_run_plot_next_to_the_run(run_dir, capsys):
     assert main(["plot", "kv-timeline", "--run", str(run_dir)]) == 0
     out = run_dir / "kv-timeline.png"
     assert capsys.readouterr().out.strip() == str(out)
-    assert out.stat().st_size > 1000
+    steps = pd.read_csv(run_dir / "steps.csv")
+    # the run's own steps, titled with the scenario of its summary.json
+    assert_draws(out, plots.kv_timeline(steps, "chat-8b"),
+                 plots.kv_timeline(steps.assign(kv_cache_usage=steps["kv_cache_usage"][::-1].to_numpy()),
+                                   "chat-8b"))
 
 
 def test_cli_writes_svg_when_asked(run_dir, tmp_path):
@@ -205,7 +234,11 @@ def test_cli_infers_the_swept_column_for_tradeoff(tmp_path):
     sweep_results().query("`workload.arrival.rate` == 4 and `engine.scheduler` == 'chunked'") \
         .to_csv(results, index=False)
     assert main(["plot", "tradeoff", "--results", str(results), "--title", "w1"]) == 0
-    assert (tmp_path / "tradeoff.png").stat().st_size > 1000
+    table = pd.read_csv(results)
+    # the only swept column that varies is the x axis (not the arrival rate, fixed here)
+    assert_draws(tmp_path / "tradeoff.png", plots.tradeoff(table, "engine.max_num_batched_tokens", title="w1"),
+                 plots.tradeoff(table.assign(p99_itl_ms=table["p99_itl_ms"] * 2),
+                                "engine.max_num_batched_tokens", title="w1"))
 
 
 def test_cli_asks_for_x_when_several_parameters_vary(tmp_path, capsys):
@@ -225,7 +258,15 @@ def test_cli_latency_throughput_and_memory_waste(tmp_path):
     memory_table().to_csv(memory, index=False)
     assert main(["plot", "memory-waste", "--results", str(memory),
                  "--out", str(tmp_path / "m.png")]) == 0
-    assert (tmp_path / "m.png").stat().st_size > 1000
+    table = pd.read_csv(memory)
+    title = tmp_path.name          # no scenario column: the folder's name
+    assert_draws(tmp_path / "m.png", plots.memory_waste(table, title),
+                 plots.memory_waste(table.iloc[::-1].reset_index(drop=True), title))
+    sweep = pd.read_csv(results)
+    assert_draws(tmp_path / "latency-throughput.png",
+                 plots.latency_throughput(sweep, "workload.arrival.rate", "engine.scheduler", title=title),
+                 plots.latency_throughput(sweep.assign(p99_ttft_ms=sweep["p99_ttft_ms"] * 3),
+                                          "workload.arrival.rate", "engine.scheduler", title=title))
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -272,7 +313,10 @@ def test_cli_steps_selects_a_range_of_steps(run_dir, tmp_path):
     out = tmp_path / "zoom.png"
     assert main(["plot", "batch-timeline", "--run", str(run_dir), "--steps", "50:80",
                  "--out", str(out)]) == 0
-    assert out.stat().st_size > 1000
+    steps = pd.read_csv(run_dir / "steps.csv")
+    # steps 50..79 (END excluded), not the whole run
+    assert_draws(out, plots.batch_timeline(steps.iloc[50:80], "chat-8b"),
+                 plots.batch_timeline(steps, "chat-8b"))
 
 
 @pytest.mark.parametrize("spec, message", [

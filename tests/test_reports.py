@@ -6,17 +6,21 @@ committed reports/ (regenerated with `kvsim report`).
 """
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from kvsim.report import REPORTS, Check, Report, render, run_reports
+from kvsim.reports import REPORTS, Check, Report, render, run_reports
+
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     out = tmp_path_factory.mktemp("reports")
-    done = run_reports(None, out, fast=True)
+    done = run_reports(None, out, fast=True, scenarios=SCENARIOS)
     return out, {r.name: r for r in done}
 
 
@@ -28,7 +32,10 @@ def test_every_report_writes_markdown_with_verdict_figure_and_command(reports):
         assert f"**Verdict: {rep.verdict}**" in text
         assert f"kvsim report {name}" in text
         figure = out / "figures" / f"{name}.png"
-        assert figure.is_file() and figure.stat().st_size < 200_000
+        assert figure.stat().st_size < 200_000         # small enough to commit
+        from matplotlib.image import imread
+        image = imread(figure)                          # a PNG, drawn: many colours, not a blank
+        assert image.ndim == 3 and len(np.unique(image.reshape(-1, image.shape[2]), axis=0)) > 10
         assert f"](figures/{name}.png)" in text
 
 
@@ -96,7 +103,7 @@ def test_paged_holds_tokens_in_most_of_its_memory_and_fits_about_8x(reports):
 
 def test_sharing_savings_fall_in_the_stated_bands(reports):
     # The report's tolerance: the vLLM paper's Fig. 15 endpoints +- 5 points.
-    from kvsim.report import PAPER_SAVING, SHARING_TOLERANCE
+    from kvsim.reports.sharing import PAPER_SAVING, SHARING_TOLERANCE
     df = reports[1]["sharing"].numbers["table"].set_index(["mode", "width"])["saving"]
     (par_lo, par_hi), (beam_lo, _) = PAPER_SAVING["parallel"], PAPER_SAVING["beam"]
     assert abs(df["parallel", 2] - par_lo) <= SHARING_TOLERANCE
@@ -136,3 +143,20 @@ def test_cli_rejects_an_unknown_report_with_exit_status_2(capsys, tmp_path):
     from kvsim.cli import main
     assert main(["report", "nope", "--out", str(tmp_path)]) == 2
     assert "report 'nope' does not exist" in capsys.readouterr().err
+
+
+def test_reports_find_their_scenarios_through_the_scenarios_option_from_any_folder(tmp_path, monkeypatch):
+    from kvsim.cli import main
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "quickstart", "--fast", "--out", "r", "--scenarios", str(SCENARIOS)]) == 0
+    assert "**Verdict: agrees**" in (tmp_path / "r" / "quickstart.md").read_text()
+
+
+def test_a_folder_without_the_report_scenarios_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
+    from kvsim.cli import main
+    monkeypatch.chdir(tmp_path)           # no scenarios/ here: the default does not resolve
+    assert main(["report", "quickstart", "--fast", "--out", "r"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("kvsim report: error: --scenarios scenarios: no quickstart.yaml there; give the "
+                   "folder of the report scenarios (the repository's scenarios/) with --scenarios DIR")
+    assert not (tmp_path / "r").exists()

@@ -39,3 +39,14 @@ def test_ray_executor_runs_every_point_in_ray_workers_and_records_failures(tmp_p
     assert df["error"].iloc[1] == "RuntimeError: block size 13 is cursed"
     assert os.getpid() not in set(df["pid"].dropna())
     assert (outcome.num_done, outcome.num_failed, outcome.exit_status) == (2, 1, 1)
+
+
+@pytest.mark.slow
+def test_plan_runs_its_probes_on_the_same_ray_executor():
+    from test_plan import tiny_plan
+
+    from kvsim.plan import parse_plan, run_plan
+    local = run_plan(parse_plan(tiny_plan(gpus=["l4"])), workers=1)
+    on_ray = run_plan(parse_plan(tiny_plan(gpus=["l4"])), executor="ray", workers=1)
+    assert not ray.is_initialized()
+    assert on_ray == local

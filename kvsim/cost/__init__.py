@@ -6,7 +6,7 @@
 * ``{type: constant, step_time_s: 1.0}`` — every step the same (tests, teaching);
 * ``{type: roofline, <RooflineParams fields>}`` — datasheet physics, any GPU/model;
 * ``{type: fitted, profile: NAME_OR_PATH}`` — coefficients fitted to measurements
-  (``calibration/profiles/NAME.json``).
+  (shipped in ``kvsim/cost/profiles/NAME.json``, or a path).
 
 Nothing here imports torch or triton.
 """
@@ -42,7 +42,7 @@ def build_cost_model(config: dict, *, model, gpu, tp: int = 1,
         _check_keys(config, {"type", "profile"})
         if not isinstance(config.get("profile"), str) or not config["profile"]:
             raise ValueError(f"cost_model.profile: {config.get('profile')!r}; a fitted cost model "
-                             f"needs a profile name (calibration/profiles/NAME.json) or a path")
+                             f"needs a shipped profile name (kvsim/cost/profiles/NAME.json) or a path")
         from kvsim.cost.fitted import fitted_cost_model, load_profile
         return fitted_cost_model(load_profile(config["profile"]), model, gpu, tp, kv_cache_dtype)
     raise ValueError(f"cost_model.type: {kind!r} is not a cost model; "

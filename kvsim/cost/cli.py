@@ -1,4 +1,11 @@
-"""``kvsim calibrate fit | report``: turn measurements into a cost profile, and publish errors."""
+"""``kvsim calibrate fit | report``: turn measurements into a cost profile, and publish errors.
+
+This is a command module (the CLI layer, like every ``cli.py``): ``report``
+drives ``kvsim.reports.calibration``, which replays serving runs through
+``kvsim.simulate``. The folder of published tables is ``--data`` (default
+``$KVSIM_PROFILE_DATA``, else ``../shared/data/profiles`` relative to the
+current directory: the repository root in a checkout).
+"""
 
 from __future__ import annotations
 
@@ -25,8 +32,12 @@ def add_parser(subparsers) -> None:
 
     report = sub.add_parser("report", help="write reports/calibration.md and its figures")
     report.add_argument("--out", default="reports/calibration.md")
+    report.add_argument("--data", default=None, metavar="DIR",
+                        help="folder of the published tables (vidur/, splitwise/, llmservingsim/, "
+                             "apex_plus/); default $KVSIM_PROFILE_DATA, else "
+                             "../shared/data/profiles relative to the current directory")
     report.add_argument("--refit", action="store_true",
-                        help="refit the published profiles from ../shared/data/profiles first")
+                        help="refit the published profiles from the --data tables first")
     report.add_argument("--profiles", nargs="*", default=None, help="only these profiles")
     report.add_argument("--profile-dir", default=str(PROFILE_DIR))
     report.add_argument("--no-figures", action="store_true")
@@ -71,13 +82,15 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from kvsim.cost.report import refit_published, write_report
+    from kvsim.cost.published import data_root
+    from kvsim.reports.calibration import refit_published, write_report
 
+    root = data_root(args.data)          # a missing folder is a one-line error before any work
     profile_dir = Path(args.profile_dir)
     if args.refit:
-        for path in refit_published(args.profiles, profile_dir):
+        for path in refit_published(args.profiles, profile_dir, root=root):
             print(f"refit {path}")
-    out = write_report(Path(args.out), profile_dir=profile_dir, figures=not args.no_figures,
-                       names=args.profiles, replay=not args.no_replay)
+    out = write_report(Path(args.out), root=root, profile_dir=profile_dir,
+                       figures=not args.no_figures, names=args.profiles, replay=not args.no_replay)
     print(f"wrote {out}")
     return 0

@@ -1,7 +1,9 @@
 """Fitted cost model: the roofline's physical terms with measured coefficients.
 
 A *profile* is a small JSON file per (GPU, model, TP) (format below), written
-by ``kvsim calibrate fit`` and shipped in ``calibration/profiles/``. Its
+by ``kvsim calibrate fit`` and shipped inside the package, in
+``kvsim/cost/profiles/NAME.json`` (package data: an installed kvsim finds
+them wherever it runs). Its
 coefficients multiply the FLOPs and bytes of ``features.py``, so the step
 formula is the roofline's (``step_model.py``) with every efficiency, floor
 and overhead replaced by a number fitted to measurements::
@@ -36,7 +38,9 @@ from kvsim.cost.step_model import (CommCoefficients, OpCoefficients, OverheadCoe
                                    StepCostModel)
 
 PROFILE_FORMAT = "kvsim-cost-profile/1"
-PROFILE_DIR = Path(__file__).resolve().parents[2] / "calibration" / "profiles"
+# The shipped profiles: package data next to this module (pyproject.toml
+# [tool.setuptools.package-data]), as the GPU and model catalogs are.
+PROFILE_DIR = Path(__file__).with_name("profiles")
 
 # An op with no measurement borrows the coefficients of the op most like it
 # (same kernel kind): the LM head is a GEMM like the MLP up-projection, the
@@ -70,7 +74,7 @@ def _coef(d: dict, cls, where: str):
 
 
 def resolve_profile_path(name_or_path: str) -> Path:
-    """A profile NAME (in ``calibration/profiles/NAME.json``) or a path to a JSON file."""
+    """A profile NAME (shipped: ``kvsim/cost/profiles/NAME.json``) or a path to a JSON file."""
     p = Path(name_or_path)
     if p.suffix == ".json" and p.exists():
         return p
@@ -79,7 +83,7 @@ def resolve_profile_path(name_or_path: str) -> Path:
         return candidate
     available = sorted(q.stem for q in PROFILE_DIR.glob("*.json"))
     raise ValueError(f"cost_model.profile: {name_or_path!r} is neither a JSON file nor a "
-                     f"profile in {PROFILE_DIR}; available: {', '.join(available) or 'none'}")
+                     f"shipped profile; available: {', '.join(available) or 'none'}")
 
 
 def dump_profile(profile: dict) -> str:

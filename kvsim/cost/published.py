@@ -1,6 +1,9 @@
 """Published GPU measurements, read into kvsim's calibration format, and the shipped profiles.
 
-Sources (``../shared/data/profiles/``, read-only; see its ``MORE.md``):
+Sources (a folder of published tables, by default ``../shared/data/profiles/``
+seen from the repository root; see its ``MORE.md``). Every reader takes that
+folder as ``root`` (:func:`data_root` resolves the ``--data`` option of
+``kvsim calibrate``): kvsim itself never looks outside its package.
 
 * Vidur (microsoft/vidur, MIT) ``compute/<gpu>/<org>/<model>/mlp.csv``: per-op
   kernel times (ms) of one layer against ``num_tokens`` and TP; its op names
@@ -30,13 +33,28 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+# Where the published tables are unless told: the project's layout, seen from
+# the repository root (the folder `kvsim calibrate` is run from in a checkout).
+DEFAULT_DATA_ROOT = Path("..") / "shared" / "data" / "profiles"
+DATA_ROOT_ENV = "KVSIM_PROFILE_DATA"
 
 
-def data_root() -> Path:
-    """``../shared/data/profiles`` next to the repository (override: KVSIM_PROFILE_DATA)."""
-    env = os.environ.get("KVSIM_PROFILE_DATA")
-    return Path(env) if env else REPO_ROOT.parent / "shared" / "data" / "profiles"
+def data_root(root: str | os.PathLike | None = None) -> Path:
+    """The folder of published tables: ``root``, else ``$KVSIM_PROFILE_DATA``, else
+    ``../shared/data/profiles`` relative to the current directory.
+
+    Raises ``ValueError`` naming the folder and how to give another when it is
+    not there, before anything is read.
+    """
+    env = os.environ.get(DATA_ROOT_ENV)
+    path = Path(root) if root is not None else Path(env) if env else DEFAULT_DATA_ROOT
+    if not path.is_dir():
+        how = ("--data" if root is not None else f"${DATA_ROOT_ENV}" if env
+               else f"the default {DEFAULT_DATA_ROOT}")
+        raise ValueError(f"published data: {how} -> {path} is not a folder; give the folder of "
+                         f"published tables (vidur/, splitwise/, llmservingsim/, apex_plus/) "
+                         f"with --data DIR or ${DATA_ROOT_ENV}")
+    return path
 
 
 VIDUR_OPS = {
@@ -60,10 +78,10 @@ def table_model(name: str, n_head: int, n_kv_head: int, n_embd: int, n_expanded_
                      tie_word_embeddings=False, max_position_embeddings=4096)
 
 
-def read_vidur_ops(gpu_dir: str, hf_model: str, tp: int):
+def read_vidur_ops(gpu_dir: str, hf_model: str, tp: int, *, root: Path):
     """(rows of kind ``op``, the table's ModelSpec, source record)."""
     rel = f"vidur/compute/{gpu_dir}/{hf_model}/mlp.csv"
-    df = pd.read_csv(data_root() / rel)
+    df = pd.read_csv(Path(root) / rel)
     df = df[df["num_tensor_parallel_workers"] == tp]
     if df.empty:
         raise ValueError(f"{rel}: no rows with num_tensor_parallel_workers == {tp}")
@@ -89,9 +107,9 @@ def read_vidur_ops(gpu_dir: str, hf_model: str, tp: int):
 ATTENTION_FILE = "vidur/attention/a100_llama-2-70b_tp2_attention.csv"
 
 
-def read_vidur_attention():
+def read_vidur_attention(*, root: Path):
     """(rows of kind prefill_attention / decode_attention, the table's ModelSpec, TP, source)."""
-    df = pd.read_csv(data_root() / ATTENTION_FILE)
+    df = pd.read_csv(Path(root) / ATTENTION_FILE)
     reshape = (df["time_stats.attn_input_reshape.median"].fillna(0)
                + df["time_stats.attn_output_reshape.median"].fillna(0))
     pre = df[df["is_prefill"]]
@@ -114,9 +132,9 @@ def read_vidur_attention():
         "n_rows": int(len(rows))}
 
 
-def read_vidur_allreduce(node_dir: str, tp: int):
+def read_vidur_allreduce(node_dir: str, tp: int, *, root: Path):
     rel = f"vidur/network/{node_dir}/all_reduce.csv"
-    df = pd.read_csv(data_root() / rel)
+    df = pd.read_csv(Path(root) / rel)
     df = df[(df["rank"] == 0) & (df["num_workers"] == tp) & (df["devices_per_node"] == tp)]
     if df.empty:
         raise ValueError(f"{rel}: no single-node rows for {tp} GPUs")
@@ -130,9 +148,9 @@ CPU_OVERHEAD_PARTS = ("schedule_median", "sampler_e2e_median", "prepare_inputs_e
                       "process_model_outputs_median")
 
 
-def read_vidur_overhead(hf_model: str, tp: int):
+def read_vidur_overhead(hf_model: str, tp: int, *, root: Path):
     rel = "vidur/cpu_overheads/a100.csv"
-    df = pd.read_csv(data_root() / rel)
+    df = pd.read_csv(Path(root) / rel)
     df = df[(df["model_name"] == hf_model) & (df["tensor_parallel_degree"] == tp)]
     if df.empty:
         raise ValueError(f"{rel}: no rows for {hf_model} at TP {tp}")
@@ -189,18 +207,19 @@ PUBLISHED: tuple[PublishedProfile, ...] = (
 _ATTENTION_FITS: dict = {}
 
 
-def _attention_fit(a100) -> dict:
-    """The A100 attention fit, once per process (every shipped profile shares it)."""
+def _attention_fit(a100, root: Path) -> dict:
+    """The A100 attention fit, once per process and data folder (every shipped profile shares it)."""
     from kvsim.cost.features import rank_shapes
     from kvsim.cost.fit import fit_profile
-    if a100.name not in _ATTENTION_FITS:
-        rows, model, tp, _ = read_vidur_attention()
-        _ATTENTION_FITS[a100.name] = fit_profile(rows, model=model, gpu=a100, tp=tp,
-                                                 attention_shapes=rank_shapes(model, tp))
-    return _ATTENTION_FITS[a100.name]
+    key = (a100.name, str(Path(root).resolve()))
+    if key not in _ATTENTION_FITS:
+        rows, model, tp, _ = read_vidur_attention(root=root)
+        _ATTENTION_FITS[key] = fit_profile(rows, model=model, gpu=a100, tp=tp,
+                                           attention_shapes=rank_shapes(model, tp))
+    return _ATTENTION_FITS[key]
 
 
-def build_published_profile(spec: PublishedProfile, load_model, load_gpu) -> dict:
+def build_published_profile(spec: PublishedProfile, load_model, load_gpu, *, root: Path) -> dict:
     """Fit one shipped profile from the Vidur tables (see the module docstring)."""
     from kvsim.cost.features import rank_shapes
     from kvsim.cost.fit import fit_profile
@@ -209,21 +228,21 @@ def build_published_profile(spec: PublishedProfile, load_model, load_gpu) -> dic
     target = load_model(spec.model)
     gpu = load_gpu(spec.gpu)
     a100 = load_gpu(A100)
-    op_rows, op_model, src_ops = read_vidur_ops(spec.vidur_gpu, spec.vidur_model, spec.tp)
-    attn_rows, attn_model, attn_tp, src_attn = read_vidur_attention()
+    op_rows, op_model, src_ops = read_vidur_ops(spec.vidur_gpu, spec.vidur_model, spec.tp, root=root)
+    attn_rows, attn_model, attn_tp, src_attn = read_vidur_attention(root=root)
     parts, sources = [op_rows], [src_ops]
     if spec.tp > 1 and spec.network:
-        ar_rows, src_ar = read_vidur_allreduce(spec.network, spec.tp)
+        ar_rows, src_ar = read_vidur_allreduce(spec.network, spec.tp, root=root)
         parts.append(ar_rows)
         sources.append(src_ar)
-    oh_rows, src_oh = read_vidur_overhead(spec.overhead_model, spec.overhead_tp)
+    oh_rows, src_oh = read_vidur_overhead(spec.overhead_model, spec.overhead_tp, root=root)
     parts.append(oh_rows)
     sources += [src_oh, src_attn]
 
     # Attention is fitted where it was measured (A100, Llama-2-70B TP2 ranks);
     # another GPU gets the A100 coefficients scaled by its peak FLOP/s and HBM
     # bandwidth relative to the A100's (identity for the A100 itself).
-    attn = _attention_fit(a100)
+    attn = _attention_fit(a100, root)
     flop_ratio = peak_flops(a100, 2) / peak_flops(gpu, 2)
     byte_ratio = a100.hbm_bandwidth_gbps / gpu.hbm_bandwidth_gbps
     description = spec.note
@@ -255,7 +274,7 @@ LAYERWISE_OPS = {
 }
 
 
-def read_vllm_layerwise(gpu_dir: str, hf_model: str, tp: int = 1):
+def read_vllm_layerwise(gpu_dir: str, hf_model: str, tp: int = 1, *, root: Path):
     """LLMServingSim's vLLM 0.19 kernel tables (``llmservingsim/vllm_layerwise``) as calibration rows.
 
     ``layernorm`` is vLLM's fused residual-add + RMSNorm: it stands for both
@@ -264,16 +283,16 @@ def read_vllm_layerwise(gpu_dir: str, hf_model: str, tp: int = 1):
     become kind ``attention`` (validation of the separately fitted parts).
     """
     base = f"llmservingsim/vllm_layerwise/{gpu_dir}/{hf_model}/bf16/tp{tp}"
-    root = data_root() / base
-    dense = pd.read_csv(root / "dense.csv")
-    per_seq = pd.read_csv(root / "per_sequence.csv").rename(columns={"sequences": "tokens"})
+    folder = Path(root) / base
+    dense = pd.read_csv(folder / "dense.csv")
+    per_seq = pd.read_csv(folder / "per_sequence.csv").rename(columns={"sequences": "tokens"})
     ops = pd.concat([dense, per_seq], ignore_index=True)
     ops = ops[ops["layer"].isin(list(LAYERWISE_OPS))]
     op_rows = pd.DataFrame({"kind": "op", "op": ops["layer"].map(LAYERWISE_OPS).to_numpy(),
                             "num_tokens": ops["tokens"].to_numpy(),
                             "time_s": ops["time_us"].to_numpy() * 1e-6})
     norms = op_rows[op_rows["op"] == "input_norm"].assign(op="post_attn_norm")
-    attn = pd.read_csv(root / "attention.csv")
+    attn = pd.read_csv(folder / "attention.csv")
     pre = attn[(attn["n_decode"] == 0) & (attn["prefill_chunk"] > 0)]
     dec = attn[(attn["prefill_chunk"] == 0) & (attn["n_decode"] > 0)]
     mixed = attn[(attn["prefill_chunk"] > 0) & (attn["n_decode"] > 0)]

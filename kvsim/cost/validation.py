@@ -8,35 +8,38 @@
   (prompt + output/2); medians over the repeats.
 * Sarathi-Serve artifact points (Yi-34B, TP2, two A100-80GB PCIe with a
   pairwise NVLink bridge, vLLM-based engine, fp16), quoted in the issue.
+
+The checks that read published tables take their folder as ``root``
+(``kvsim.cost.published.data_root``: the ``--data`` option of ``kvsim calibrate``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from kvsim.cost import build_cost_model
 from kvsim.cost.base import BatchShape
-from kvsim.cost.published import data_root
 
 SPLITWISE_GPUS = {"a100-80gb": "a100-80gb-sxm", "h100-80gb": "h100-sxm"}
 
 
-def splitwise_rows() -> pd.DataFrame:
-    df = pd.read_csv(data_root() / "splitwise" / "perf_model.csv")
+def splitwise_rows(*, root: Path) -> pd.DataFrame:
+    df = pd.read_csv(Path(root) / "splitwise" / "perf_model.csv")
     df = df[(df["model"] == "llama2-70b") & df["hardware"].isin(list(SPLITWISE_GPUS))]
     df = df[~((df["tensor_parallel"] == 2) & (df["batch_size"] == 64))]
     keys = ["hardware", "tensor_parallel", "prompt_size", "batch_size", "token_size"]
     return df.groupby(keys)[["prompt_time", "token_time"]].median().reset_index()
 
 
-def splitwise_predictions(load_model, load_gpu) -> pd.DataFrame:
+def splitwise_predictions(load_model, load_gpu, *, root: Path) -> pd.DataFrame:
     """One row per (config, phase): measured and predicted ms by both models."""
     model = load_model("llama-2-70b")
     out = []
-    for (hw, tp), rows in splitwise_rows().groupby(["hardware", "tensor_parallel"]):
+    for (hw, tp), rows in splitwise_rows(root=root).groupby(["hardware", "tensor_parallel"]):
         gpu = load_gpu(SPLITWISE_GPUS[hw])
         models = {"roofline": build_cost_model({"type": "roofline"}, model=model, gpu=gpu, tp=int(tp)),
                   "fitted": build_cost_model({"type": "fitted",
@@ -105,7 +108,7 @@ def error_summary(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 # ---------------------------------------------------------------- cross-GPU checks
 
-def h100_attention_check(load_model, load_gpu) -> pd.DataFrame:
+def h100_attention_check(load_model, load_gpu, *, root: Path) -> pd.DataFrame:
     """The H100 profiles' attention (A100 fit, rescaled) against H100 FlashAttention-2 timings.
 
     ``hf_layerwise_v0/H100/.../Llama-3.1-70B/tp4/attention.csv``: FA2 on
@@ -116,7 +119,7 @@ def h100_attention_check(load_model, load_gpu) -> pd.DataFrame:
     from kvsim.cost.fitted import fitted_cost_model, load_profile
     from kvsim.cost.step_model import decode_attention_layer_time, prefill_attention_layer_time
 
-    df = pd.read_csv(data_root() / "llmservingsim/hf_layerwise_v0/H100/meta-llama/Llama-3.1-70B/tp4/attention.csv")
+    df = pd.read_csv(Path(root) / "llmservingsim/hf_layerwise_v0/H100/meta-llama/Llama-3.1-70B/tp4/attention.csv")
     df = df.drop_duplicates(subset=["batch_size", "prefill_chunk_size", "kv_cache_size", "is_prefill"])
     model, gpu = load_model("llama-3.1-70b"), load_gpu("h100-sxm")
     profile = dict(load_profile("h100-sxm_llama-2-70b_tp4"), model=model.name)
@@ -141,12 +144,12 @@ def h100_attention_check(load_model, load_gpu) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True)
 
 
-def nccl_allreduce_check(load_gpu) -> pd.DataFrame:
+def nccl_allreduce_check(load_gpu, *, root: Path) -> pd.DataFrame:
     """All-reduce per call (fp16) against apex_plus NCCL timings on H100 and H200 (2/4/8 GPUs)."""
     from kvsim.cost.fitted import load_profile
     rows = []
     for folder, gpu_name in (("H100-SXM-80GB", "h100-sxm"), ("H200-SXM-141GB", "h200")):
-        df = pd.read_csv(data_root() / "apex_plus" / "comm" / folder / "all_reduce.csv")
+        df = pd.read_csv(Path(root) / "apex_plus" / "comm" / folder / "all_reduce.csv")
         df = df[(df["dtype"] == "half") & (df["num_nodes"] == 1) & (df["size(kb)"] >= 64)]
         gpu = load_gpu(gpu_name)
         for r in df.itertuples():

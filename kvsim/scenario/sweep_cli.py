@@ -2,15 +2,19 @@
 
 Exit status: 0 when every point ran ok, else the number of points that failed
 in this run (capped at 100); 2 for bad input (``kvsim.cli`` prints the
-message). A rerun with the same ``--out`` skips finished points.
+message); 130 after Ctrl-C and 143 after SIGTERM, which stop the workers and
+keep every finished point. A rerun with the same ``--out`` skips finished points.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+from pathlib import Path
 
-from kvsim.scenario.sweep import run_sweep
+from kvsim.scenario.executor import signals_as_interrupts
+from kvsim.scenario.sweep import RESULTS_JSONL, run_sweep
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -44,9 +48,17 @@ def sweep_command(args: argparse.Namespace) -> int:
 
     # Read and --set exactly as `kvsim run` does, so the two commands agree.
     scenario, base_dir = read_scenario_dict(args.scenario, overrides=parse_overrides(args.overrides))
-    outcome = run_sweep(scenario, args.out, workers=args.workers, executor=args.executor,
-                        address=args.address, keep_points=args.keep_points,
-                        base_dir=base_dir)
+    try:
+        with signals_as_interrupts():
+            outcome = run_sweep(scenario, args.out, workers=args.workers, executor=args.executor,
+                                address=args.address, keep_points=args.keep_points,
+                                base_dir=base_dir)
+    except KeyboardInterrupt as exc:   # Ctrl-C, or SIGTERM as executor.Interrupted
+        signum = getattr(exc, "signum", signal.SIGINT)
+        print(f"\nkvsim sweep: stopped by {signal.Signals(signum).name}; the workers are stopped and "
+              f"every finished point is in {Path(args.out) / RESULTS_JSONL}; rerun the same command "
+              f"to resume", file=sys.stderr)
+        return 128 + signum
     ran = outcome.num_done + outcome.num_failed
     print(f"sweep: {outcome.num_points} points: {outcome.num_done} ok, {outcome.num_failed} failed, "
           f"{outcome.num_skipped} already done; ran {ran} in {outcome.wall_time_s:.2f} s "

@@ -1,9 +1,13 @@
 """``kvsim calibrate report``: write ``reports/calibration.md`` and its figures.
 
-Reads the shipped profiles (``calibration/profiles/*.json``: coefficients,
+Reads the shipped profiles (``kvsim/cost/profiles/*.json``: coefficients,
 held-out errors and held-out points, all computed by the fit), optionally
 refits the published ones first (``--refit``), then checks whole steps
-against Splitwise and the Sarathi-Serve points (``validation.py``).
+against Splitwise and the Sarathi-Serve points (``kvsim/cost/validation.py``)
+and replays real vLLM serving runs (``replay.py``). The published tables are
+read from ``root``, the ``--data`` folder (``kvsim.cost.published.data_root``).
+It sits with the reports, above the scenario layer, because the replay runs
+``kvsim.simulate``.
 """
 
 from __future__ import annotations
@@ -19,30 +23,31 @@ from kvsim.cost.fitted import PROFILE_DIR, dump_profile
 from kvsim.cost.validation import (SARATHI_PROFILE, error_summary, sarathi_predictions,
                                    splitwise_predictions)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 LINEAR_PARTS = ("op:qkv_proj", "op:o_proj", "op:mlp_gate_up", "op:mlp_down")
 SUMMARY_PARTS = ("layer_linear_ops", *LINEAR_PARTS, "prefill_attention", "decode_attention",
                  "allreduce", "overhead", "layer_step")
 
 
-def refit_published(names: list[str] | None = None, out_dir: Path = PROFILE_DIR) -> list[Path]:
+def refit_published(names: list[str] | None = None, out_dir: Path = PROFILE_DIR, *,
+                    root: Path) -> list[Path]:
+    """Fit the shipped profiles again from the published tables under ``root``; the paths written."""
     from kvsim.cost.published import PUBLISHED, build_published_profile
+    from kvsim.cost.published_runs import RUNS, fit_run_profile
     from kvsim.specs.catalog import load_gpu, load_model
     written = []
     for spec in PUBLISHED:
         if names and spec.name not in names:
             continue
-        profile = build_published_profile(spec, load_model, load_gpu)
+        profile = build_published_profile(spec, load_model, load_gpu, root=root)
         path = out_dir / f"{spec.name}.json"
         path.write_text(dump_profile(profile))
         written.append(path)
     # the serving-replay profiles (vLLM kernel tables of the replayed GPUs)
-    from calibration.replay import RUNS, fit_run_profile
     for run in RUNS:
         if names and run.profile_name not in names:
             continue
         path = out_dir / f"{run.profile_name}.json"
-        path.write_text(dump_profile(fit_run_profile(run)))
+        path.write_text(dump_profile(fit_run_profile(run, root=root)))
         written.append(path)
     return written
 
@@ -141,8 +146,9 @@ def _model_columns(att: pd.DataFrame) -> pd.DataFrame:
                          "fitted_ms": fitted["predicted_ms"], "roofline_ms": roof["predicted_ms"]})
 
 
-def write_report(out: Path, *, profile_dir: Path = PROFILE_DIR, figures: bool = True,
+def write_report(out: Path, *, root: Path, profile_dir: Path = PROFILE_DIR, figures: bool = True,
                  names: list[str] | None = None, replay: bool = True) -> Path:
+    """Write the report to ``out`` (figures in ``out``'s folder/figures); ``root``: published tables."""
     from kvsim.specs.catalog import load_gpu, load_model
 
     started = time.perf_counter()
@@ -214,7 +220,7 @@ def write_report(out: Path, *, profile_dir: Path = PROFILE_DIR, figures: bool = 
     lines += ["</details>", ""]
 
     # ---- Splitwise
-    sw = splitwise_predictions(load_model, load_gpu)
+    sw = splitwise_predictions(load_model, load_gpu, root=root)
     summary = error_summary(sw, ["hardware", "tp", "phase"])
     lines += [
         "## Whole steps: Splitwise (Llama-2-70B, A100 / H100, TP 2/4/8)",
@@ -279,9 +285,9 @@ def write_report(out: Path, *, profile_dir: Path = PROFILE_DIR, figures: bool = 
     ]
     # ---- cross-checks of what the shipped profiles extrapolate
     from kvsim.cost.validation import h100_attention_check, nccl_allreduce_check
-    att = h100_attention_check(load_model, load_gpu)
+    att = h100_attention_check(load_model, load_gpu, root=root)
     att_sum = error_summary(_model_columns(att), ["phase"])
-    ar = error_summary(nccl_allreduce_check(load_gpu), ["gpu", "tp"])
+    ar = error_summary(nccl_allreduce_check(load_gpu, root=root), ["gpu", "tp"])
     lines += [
         "## Cross-checks of extrapolated parts",
         "",
@@ -317,9 +323,9 @@ def write_report(out: Path, *, profile_dir: Path = PROFILE_DIR, figures: bool = 
     if replay:
         import tempfile
 
-        from calibration.replay import markdown, run_all
+        from kvsim.reports.replay import markdown, run_all
         with tempfile.TemporaryDirectory() as tmp:
-            summary = run_all(Path(tmp), profile_dir, refit=False)
+            summary = run_all(Path(tmp), profile_dir, refit=False, root=root)
         lines += [markdown(summary), "",
                   "The profiles (`rtx-4090_llama-3.1-8b_tp1`, `rtx-pro-6000_llama-3.1-8b_tp1`) are "
                   "fitted to kernel tables only, never to these runs. In a step that mixes a "

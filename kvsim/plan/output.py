@@ -1,0 +1,79 @@
+"""What a plan leaves: the table on the terminal, ``plan.csv``, ``plan.png``, ``runs/*.yaml``."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import yaml
+
+from kvsim.plan.spec import Plan, with_rate
+
+CSV_COLUMNS = ["candidate", "gpu", "tp", "kv_cache_dtype", "max_num_batched_tokens",
+               "max_num_seqs", "status", "max_rate_req_s", "max_rate_std", "max_rate_min",
+               "max_rate_max", "num_seeds", "goodput_req_s_per_gpu",
+               "target_rate_req_s", "replicas", "num_gpus", "binding", "detail", "num_probes",
+               "seed0_max_rate_req_s", "seed0_fails_at_rate_req_s"]
+
+
+def format_table(rows: list[dict], plan: Plan) -> str:
+    slo = ", ".join(f"{k} <= {v:g}" for k, v in plan.slo_ms.items())
+    lines = [f"SLOs: {slo}; {len(plan.seeds)} seed(s); tolerance {100 * plan.bounds.tolerance:g}%"
+             + (f"; target {plan.target_rate_req_s:g} req/s" if plan.target_rate_req_s else "")]
+    header = (f"{'candidate':<28} {'max rate (req/s)':>18} {'req/s/GPU':>10} "
+              f"{'replicas':>8} {'GPUs':>5}  binding")
+    lines += [header, "-" * len(header)]
+    for r in rows:
+        if r["status"] in ("ok", "capped"):
+            rate = f"{r['max_rate_req_s']:.2f} ± {r['max_rate_std']:.2f}"
+            per_gpu = f"{r['goodput_req_s_per_gpu']:.2f}"
+            reps = "-" if r["replicas"] is None else str(r["replicas"])
+            gpus = "-" if r["num_gpus"] is None else str(r["num_gpus"])
+            lines.append(f"{r['candidate']:<28} {rate:>18} {per_gpu:>10} {reps:>8} {gpus:>5}  "
+                         f"{r['binding']}: {r['detail']}")
+        else:
+            lines.append(f"{r['candidate']:<28} {r['status'].upper()}: {r['detail']}")
+    return "\n".join(lines)
+
+
+def write_outputs(rows: list[dict], plan: Plan, out_dir: str | os.PathLike) -> Path:
+    """``DIR/plan.csv``, ``DIR/plan.png``, and ``DIR/runs/<candidate>.yaml``: each
+    candidate's scenario at its max rate (first seed), for ``kvsim run``."""
+    import pandas as pd
+
+    from kvsim import plots
+
+    out = Path(out_dir)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    table = pd.DataFrame(rows, columns=CSV_COLUMNS)
+    table.to_csv(out / "plan.csv", index=False)
+    plots.plan_goodput(table, title=plan.base.get("name")).savefig(out / "plan.png", dpi=110)
+    for cand, row in zip(plan.candidates, rows):
+        if row["status"] not in ("ok", "capped"):
+            continue
+        scenario = with_rate(cand.apply(plan.base), row["seed0_max_rate_req_s"], plan.seeds[0])
+        scenario["name"] = f"{plan.base.get('name', 'plan')} {cand.label}"
+        if "workload" in scenario:  # relative paths in it must still resolve from runs/
+            scenario["workload"] = _absolute_paths(scenario["workload"], plan.base_dir)
+        with open(out / "runs" / f"{_file_name(cand.label)}.yaml", "w", encoding="utf-8") as f:
+            f.write(f"# kvsim plan: {cand.label} at its max rate for seed {plan.seeds[0]}; "
+                    f"the SLOs fail at {row['seed0_fails_at_rate_req_s']} req/s\n")
+            yaml.safe_dump(scenario, f, sort_keys=False)
+    return out
+
+
+def _file_name(label: str) -> str:
+    return "".join(c if c.isalnum() or c in "-." else "_" for c in label)
+
+
+def _absolute_paths(workload: dict, base_dir: Path) -> dict:
+    workload = copy.deepcopy(workload)
+    trace = workload.get("trace")
+    if isinstance(trace, dict) and "path" in trace:
+        trace["path"] = str((base_dir / os.path.expandvars(trace["path"])).resolve())
+    for key in ("prompt_len", "output_len"):
+        dist = workload.get(key)
+        if isinstance(dist, dict) and "file" in dist:
+            dist["file"] = str((base_dir / os.path.expandvars(dist["file"])).resolve())
+    return workload
