@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -16,10 +15,13 @@ from kvsim.metrics.streaming import StreamingStats
 from kvsim.metrics.summary import summarize
 from kvsim.metrics.tables import write_csv
 from kvsim.scenario.loader import LoadedScenario, load_scenario
+from kvsim.scenario.outputs import check_output_dir, summary_json, write_files
 from kvsim.sched.request import Request, RequestStatus
 from kvsim.sim.engine import Engine, EngineStats
 from kvsim.sim.run import run_engine
 from kvsim.workload import build_workload
+
+RUN_FILES = ("summary.json", "requests.csv", "steps.csv")
 
 
 @dataclass
@@ -39,12 +41,13 @@ class Result:
     stats: EngineStats | None = field(default=None, repr=False)
 
     def write(self, out_dir: str | Path) -> Path:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=False) + "\n")
+        """Write summary.json (strict JSON), requests.csv, steps.csv atomically (scenario/outputs.py)."""
+        out = check_output_dir(out_dir, files=RUN_FILES)
+        summary = summary_json(self.summary)
         # The same bytes as DataFrame.to_csv(index=False), several times faster.
-        write_csv(self.requests, out / "requests.csv")
-        write_csv(self.steps, out / "steps.csv")
+        write_files({out / "summary.json": lambda path: path.write_text(summary, encoding="utf-8"),
+                     out / "requests.csv": lambda path: write_csv(self.requests, path),
+                     out / "steps.csv": lambda path: write_csv(self.steps, path)})
         return out
 
 
