@@ -32,6 +32,8 @@ Either way no token id is read on arrival (except in debug mode).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 _P = np.uint64(0x9E3779B97F4A7C15)          # odd multiplier (golden ratio)
@@ -100,7 +102,7 @@ def block_hashes(token_ids: np.ndarray, block_size: int, cache_salt: str | None 
 
 
 def fresh_block_hashes(prompt_start: int, prompt_len: int, output_start: int, num_tokens: int,
-                       block_size: int) -> list[int]:
+                       block_size: int) -> Sequence[int]:
     """Hashes of the full blocks of a sequence of fresh tokens, without reading them.
 
     The sequence is the prompt ``prompt_start, prompt_start + 1, ...``
@@ -114,7 +116,8 @@ def fresh_block_hashes(prompt_start: int, prompt_len: int, output_start: int, nu
     their prompt blocks as in vLLM, and no key equals a content hash (those are
     >= 0). Cache salts change nothing: the content already equals no other
     tenant's. Both kinds of key step by ``-2*block_size`` from block to block,
-    so the list comes from ``range`` without any per-token work.
+    so the list comes from ``range`` without any per-token work (and is that
+    ``range`` when every full block is a prompt block).
     """
     if prompt_start < 0:
         raise ValueError("fresh prompt ids must be >= 0")
@@ -122,9 +125,12 @@ def fresh_block_hashes(prompt_start: int, prompt_len: int, output_start: int, nu
     num_prompt = min(prompt_len // block_size, num_full)     # blocks of prompt ids only
     step = -2 * block_size
     first = -1 - 2 * (prompt_start + block_size - 1)
-    keys = list(range(first, first + num_prompt * step, step))
-    keys += _generated_block_keys(num_prompt, prompt_len, output_start, num_full, block_size)
-    return keys
+    keys = range(first, first + num_prompt * step, step)
+    if num_prompt == num_full:
+        # Only prompt blocks: the range itself (a prompt the engine refuses may be
+        # 2e9 tokens long; a range of its keys takes no memory).
+        return keys
+    return [*keys, *_generated_block_keys(num_prompt, prompt_len, output_start, num_full, block_size)]
 
 
 def content_block_id_hashes(block_ids: np.ndarray, ids_per_block: int, prompt_len: int,

@@ -65,7 +65,9 @@ def simulate(scenario, *, trace=None, overrides=None, fast_path: bool = True,
     """
     sc = scenario if isinstance(scenario, LoadedScenario) else load_scenario(scenario, overrides=overrides)
     rng = np.random.default_rng(sc.seed)
-    workload = build_workload(sc.workload, rng=rng, base_dir=sc.base_dir)
+    # A prompt of max_model_len tokens or more is refused on arrival: not spelled out.
+    workload = build_workload(sc.workload, rng=rng, base_dir=sc.base_dir,
+                              max_prompt_len=sc.sched_config.max_model_len - 1)
     if streaming is None:
         streaming = sc.scenario.metrics.streaming
     sink = StreamingSink(sc.scenario.slo.as_dict() or None) if streaming else None
