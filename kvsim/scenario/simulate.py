@@ -16,6 +16,7 @@ from kvsim.metrics.summary import summarize
 from kvsim.metrics.tables import write_csv
 from kvsim.scenario.loader import LoadedScenario, load_scenario
 from kvsim.scenario.outputs import check_output_dir, summary_json, write_files
+from kvsim.scenario.progress import count_arrivals
 from kvsim.sched.request import Request, RequestStatus
 from kvsim.sim.engine import Engine, EngineStats
 from kvsim.sim.run import run_engine
@@ -52,7 +53,7 @@ class Result:
 
 
 def simulate(scenario, *, trace=None, overrides=None, fast_path: bool = True,
-             streaming: bool | None = None) -> Result:
+             streaming: bool | None = None, progress=None) -> Result:
     """Run one scenario (a ``LoadedScenario``, a mapping, or a YAML path).
 
     ``trace``, if given, is called with one dict per engine step (the
@@ -62,6 +63,8 @@ def simulate(scenario, *, trace=None, overrides=None, fast_path: bool = True,
     the same results). ``streaming=True`` (or ``metrics: {streaming: true}``
     in the scenario) keeps no per-request or per-step tables: the summary is
     accumulated in bounded memory (percentiles within 0.5%), for very long runs.
+    ``progress``, if given, is called as ``progress(sim_time_s, count, total)``
+    while the run goes (``kvsim.scenario.progress``; wall-clock reporting only).
     """
     sc = scenario if isinstance(scenario, LoadedScenario) else load_scenario(scenario, overrides=overrides)
     rng = np.random.default_rng(sc.seed)
@@ -71,7 +74,12 @@ def simulate(scenario, *, trace=None, overrides=None, fast_path: bool = True,
     if streaming is None:
         streaming = sc.scenario.metrics.streaming
     sink = StreamingSink(sc.scenario.slo.as_dict() or None) if streaming else None
-    engine = run_engine(workload.requests(), sc.sched_config, scheduler=sc.scheduler,
+    specs = workload.requests()
+    if progress is not None:
+        # Until the engine reports progress itself: count the requests it pulls.
+        specs = count_arrivals(specs, progress, total=workload.num_requests,
+                               open_loop=workload.concurrency is None)
+    engine = run_engine(specs, sc.sched_config, scheduler=sc.scheduler,
                         cost_model=sc.cost_model, trace=trace,
                         concurrency=workload.concurrency, fast_path=fast_path, sink=sink)
     if sink is not None:
