@@ -205,8 +205,14 @@ def null_reason(key: str, value: float, summary: Mapping[str, Any]) -> str:
         return ("infinite: the simulated times overflowed (check workload time scales and "
                 "arrival rates)")
     completed = summary.get("completed") or 0
-    if key == "duration" or key.endswith("_throughput") or key == "request_goodput":
-        return "no request finished, so the run has no duration"
+    duration = summary.get("duration")
+    timed = isinstance(duration, (int, float)) and math.isfinite(duration) and duration > 0
+    if key == "request_goodput" and timed:
+        return "no SLO given (slo: ttft_ms, tpot_ms, e2el_ms), so no goodput"
+    if key == "duration":
+        return "no request finished"
+    if key.endswith("_throughput") or key == "request_goodput":
+        return "the run has no duration (no request finished, or all at one instant)"
     if key.endswith(("_ttft_ms", "_e2el_ms")):
         return "no request completed" if not completed else "not defined for these requests"
     if key.endswith(("_tpot_ms", "_itl_ms")):
