@@ -85,19 +85,21 @@ def _run(args: argparse.Namespace) -> int:
                 def write(rec: dict) -> None:
                     trace_file.write(json.dumps(rec, separators=(",", ":")) + "\n")
             result = simulate(sc, trace=write, progress=progress)
+            if progress is not None:
+                progress.close()
+            wall = time.perf_counter() - t0
+            # Inside the block: if the results cannot be written, the trace is
+            # discarded too, and every old file stays as it was.
+            if args.out:
+                result.write(args.out)
     except RuntimeError as exc:
         # The engine stopped (vLLM aborts the same way, e.g. when swap space runs out);
         # the trace's temporary file is gone with the exception.
-        if progress is not None:
-            progress.close()
         print(f"kvsim run: error: the simulation stopped: {exc}; nothing written", file=sys.stderr)
         return 1
     finally:
         if progress is not None:
             progress.close()
-    wall = time.perf_counter() - t0
-    if args.out:
-        result.write(args.out)
     summary = result.summary
     if args.json:
         print(summary_json(summary), end="")
@@ -133,8 +135,8 @@ def _report_failures(result, *, streaming: bool) -> int:
         return 0
     total = completed + failed
     if streaming or "fail_reason" not in result.requests:
-        lines = [f"{failed} of {total} requests failed (metrics.streaming keeps no per-request "
-                 f"reasons; run without it to see them)"]
+        lines = [f"{failed} of {total} requests failed:",
+                 "  (metrics.streaming keeps no per-request reasons; run without it to see them)"]
     else:
         table = result.requests
         reasons = table.loc[table["status"] == "failed", "fail_reason"].tolist()
