@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import io
 
-import numpy as np
-
 from kvsim.scenario.failures import failure_report, group_failures
-from kvsim.scenario.progress import ProgressLine, count_arrivals, format_duration, terminal_progress
-from kvsim.workload.request import RequestSpec
+from kvsim.scenario.progress import ProgressLine, format_duration, terminal_progress
 
 
 def test_reasons_differing_only_in_numbers_form_one_group_with_ranges():
@@ -83,12 +80,3 @@ def test_only_a_terminal_gets_a_progress_line():
 def test_durations_read_as_a_clock():
     assert [format_duration(s) for s in (42, 243, 7500, 273600)] == ["42s", "4m03s", "2h05m", "3d04h"]
 
-
-def test_counting_arrivals_passes_every_request_through_unchanged():
-    specs = [RequestSpec(f"r{i}", float(i), np.arange(3), 2) for i in range(3)]
-    calls = []
-    out = list(count_arrivals(iter(specs), lambda *a: calls.append(a), total=3))
-    assert out == specs and calls == [(0.0, 1, 3), (1.0, 2, 3), (2.0, 3, 3)]
-    calls.clear()
-    list(count_arrivals(iter(specs), lambda *a: calls.append(a), total=3, open_loop=False))
-    assert calls == [(None, 1, 3), (None, 2, 3), (None, 3, 3)]

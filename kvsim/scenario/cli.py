@@ -75,7 +75,7 @@ def _run(args: argparse.Namespace) -> int:
         check_output_file(args.trace, option="--trace")
     for note in _notes(sc, args.scenario):
         print(f"kvsim run: note: {note}", file=sys.stderr)
-    progress = None if args.json else terminal_progress(counting="arrived")
+    progress = None if args.json else terminal_progress()
     try:
         with contextlib.ExitStack() as stack:
             write = None

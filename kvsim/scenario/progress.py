@@ -1,6 +1,6 @@
 """A one-line progress report for long runs, on a terminal only, at most once a second.
 
-    simulated 812.4 s | 41,200 of 1,000,000 requests arrived | 3,950 req/s | ETA 4m03s
+    simulated 812.4 s | 41,200 of 1,000,000 requests done | 3,950 req/s | ETA 4m03s
 
 ``ProgressLine(stream)`` is a callable ``progress(sim_time_s, count, total)``
 that any loop may call as often as it likes: it reads the wall clock (that is
@@ -9,20 +9,17 @@ all it does when no line is due) and redraws the line in place (``\\r``) when
 nothing). ``close()`` erases the line. The wall clock only decides *when* to
 print; nothing the run computes depends on it.
 
-Until the engine calls a progress hook itself, ``count_arrivals`` wraps the
-stream of requests the engine pulls, so the count is of *arrived* requests
-(the engine reads the next request when the previous one has arrived) and the
-simulated time is the last arrival's.
+``kvsim.simulate(progress=...)`` passes it to the engine's progress hook
+(``Engine(progress=)``, called every 256 loop turns with the simulated time
+and the number of requests done).
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TextIO
-
-from kvsim.workload.request import RequestSpec
 
 
 class ProgressLine:
@@ -103,14 +100,3 @@ def terminal_progress(*, stream: TextIO | None = None, counting: str = "done") -
         is_tty = False
     return ProgressLine(stream, counting=counting) if is_tty else None
 
-
-def count_arrivals(specs: Iterator[RequestSpec], progress: Callable[..., None], *,
-                   total: int | None, open_loop: bool = True) -> Iterator[RequestSpec]:
-    """Yield ``specs`` unchanged, calling ``progress(arrival time, number so far, total)``.
-
-    In a closed loop the specs' arrival times are not when they arrive (the
-    engine releases each one when another finishes), so no time is reported.
-    """
-    for count, spec in enumerate(specs, start=1):
-        progress(spec.arrival_time_s if open_loop else None, count, total)
-        yield spec

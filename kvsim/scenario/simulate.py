@@ -16,7 +16,6 @@ from kvsim.metrics.summary import summarize
 from kvsim.metrics.tables import write_csv
 from kvsim.scenario.loader import LoadedScenario, load_scenario
 from kvsim.scenario.outputs import check_output_dir, summary_json, write_files
-from kvsim.scenario.progress import count_arrivals
 from kvsim.sched.request import Request, RequestStatus
 from kvsim.sim.engine import Engine, EngineStats
 from kvsim.sim.run import run_engine
@@ -74,14 +73,17 @@ def simulate(scenario, *, trace=None, overrides=None, fast_path: bool = True,
     if streaming is None:
         streaming = sc.scenario.metrics.streaming
     sink = StreamingSink(sc.scenario.slo.as_dict() or None) if streaming else None
-    specs = workload.requests()
+    hook = None
     if progress is not None:
-        # Until the engine reports progress itself: count the requests it pulls.
-        specs = count_arrivals(specs, progress, total=workload.num_requests,
-                               open_loop=workload.concurrency is None)
-    engine = run_engine(specs, sc.sched_config, scheduler=sc.scheduler,
+        # n > 1 fans every request out into n that finish on their own.
+        total = None if workload.num_requests is None else workload.num_requests * sc.workload.n
+
+        def hook(now_s: float, num_done: int) -> None:
+            progress(now_s, num_done, total)
+    engine = run_engine(workload.requests(), sc.sched_config, scheduler=sc.scheduler,
                         cost_model=sc.cost_model, trace=trace,
-                        concurrency=workload.concurrency, fast_path=fast_path, sink=sink)
+                        concurrency=workload.concurrency, fast_path=fast_path, sink=sink,
+                        progress=hook)
     if sink is not None:
         summary = sink.stats.summary(num_gpu_blocks=sc.sched_config.num_gpu_blocks)
         summary = {"scenario": sc.name, "scheduler": sc.scheduler, **summary}
