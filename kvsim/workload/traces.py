@@ -72,7 +72,7 @@ def read_trace(config: TraceConfig, *, base_dir: Path | None, yaml_path: str = "
 def not_text_error(yaml_path: str, path: Path, exc: UnicodeDecodeError, what: str) -> str:
     """The message for a file that is not UTF-8 text (binary data given as a trace, a CSV)."""
     return (f"{yaml_path} = {str(path)!r}: not a UTF-8 text file (byte {exc.start} cannot be "
-            f"decoded); expected a {what} file")
+            f"decoded); a {what!r} trace must be a text file")
 
 
 def select(table: TraceTable, config: TraceConfig) -> TraceTable:
