@@ -28,6 +28,9 @@ COMMANDS = {
 }
 
 
+INTERRUPTED = 130                        # 128 + SIGINT: what a shell reports after Ctrl-C
+
+
 class UserError(Exception):
     """A mistake in the user's input: printed as one line, exit status 2."""
 
@@ -70,10 +73,24 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"kvsim {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Commands that write files clean up on the way out (kvsim.scenario.outputs).
+        print(f"kvsim {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    except UnicodeDecodeError as exc:
+        # A reader that did not name its file (the ones in kvsim do).
+        print(f"kvsim {args.command}: error: an input is not UTF-8 text (byte {exc.start}: "
+              f"{exc.reason})", file=sys.stderr)
+        return 2
     except (ValueError, KeyError, FileNotFoundError) as exc:
         # Validation errors from the library carry a message made for users.
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"kvsim {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        # A file that cannot be read or written (permissions, a full disk): name it.
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"kvsim {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
     if (as_program and getattr(args, "exit_without_cleanup", False)
             and sys.getprofile() is None and sys.gettrace() is None):

@@ -44,7 +44,7 @@ def last_token_keys(tokens: np.ndarray, block_size: int) -> list[int]:
 def test_fresh_keys_name_each_block_by_its_last_token(block_size):
     for spec in fresh_specs(30, seed=block_size):
         req = Request(spec, 7, block_size=block_size, max_model_len=256)
-        assert req.block_hashes == last_token_keys(req.all_token_ids, block_size)
+        assert list(req.block_hashes) == last_token_keys(req.all_token_ids, block_size)
 
 
 def test_fresh_keys_are_negative_so_they_never_equal_a_content_hash():

@@ -82,9 +82,47 @@ def test_empty_prompt_is_rejected(tmp_path):
     assert "prompt_token_ids = []: List should have at least 1 item" in error_of(tmp_path, {**GOOD, "prompt_token_ids": []})
 
 
-def test_output_ids_must_number_max_tokens(tmp_path):
-    assert error_of(tmp_path, {**GOOD, "output_token_ids": [5]}).endswith(
-        ".output_token_ids: has 1 ids but max_tokens is 2; give exactly max_tokens ids")
+def test_output_ids_may_not_outnumber_max_tokens(tmp_path):
+    assert error_of(tmp_path, {**GOOD, "output_token_ids": [5, 6, 7]}).endswith(
+        ".output_token_ids: has 3 ids but max_tokens is 2; give at most max_tokens ids")
+
+
+def test_output_ids_may_list_only_the_generated_tokens(tmp_path):
+    # The oracle's form for a request that stops at max_model_len before max_tokens.
+    write(tmp_path, {**GOOD, "output_token_ids": [5]})
+    (spec,) = load("reqs.jsonl", tmp_path).requests()
+    assert spec.output_token_ids.tolist() == [5] and spec.max_tokens == 2
+
+
+def test_integer_ids_are_read_as_their_decimal_strings(tmp_path):
+    # vllm_oracle.py load_workload: str(d["id"]).
+    write(tmp_path, {**GOOD, "id": 7}, {**GOOD, "id": 8, "after_request_id": 7})
+    first, second = load("reqs.jsonl", tmp_path).requests()
+    assert (first.request_id, second.request_id, second.after_request_id) == ("7", "8", "7")
+
+
+def test_an_integer_id_and_its_string_are_the_same_id(tmp_path):
+    assert "used twice" in error_of(tmp_path, {**GOOD, "id": 7}, {**GOOD, "id": "7"})
+
+
+def test_omitted_keys_take_the_oracle_defaults(tmp_path):
+    # vllm_oracle.py: arrival_time 0.0, max_tokens 16, priority 0.
+    write(tmp_path, {"id": "x", "prompt_token_ids": [1, 2]})
+    (spec,) = load("reqs.jsonl", tmp_path).requests()
+    assert (spec.arrival_time_s, spec.max_tokens, spec.priority) == (0.0, 16, 0)
+
+
+def test_a_boolean_id_is_refused(tmp_path):
+    assert ".id = True" in error_of(tmp_path, {**GOOD, "id": True})
+
+
+def test_binary_garbage_names_the_file(tmp_path):
+    (tmp_path / "reqs.jsonl").write_bytes(json.dumps(GOOD).encode() + b"\n" + bytes(range(128, 256)))
+    with pytest.raises(ValueError) as info:
+        load("reqs.jsonl", tmp_path)
+    assert str(info.value) == (f"workload.requests_file = {str(tmp_path / 'reqs.jsonl')!r}: not a "
+                               f"UTF-8 text file (line 2 cannot be decoded); expected JSON lines, "
+                               f"one request each")
 
 
 def test_generated_ids_follow_the_vllm_oracle_line_scheme():

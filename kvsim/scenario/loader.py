@@ -45,6 +45,8 @@ class LoadedScenario:
     sched_config: SchedulerConfig
     cost_model: CostModel
     workload: WorkloadConfig
+    # What the run does that the scenario does not say (kvsim run prints them).
+    notes: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -86,7 +88,9 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
     model = _named("model", load_model, sc.model, base)
     gpu = _named("hardware.gpu", load_gpu, sc.hardware.gpu, base)
     tp = sc.hardware.tp
+    _check_tensor_parallel(model, tp)
     eng = sc.engine
+    notes = []
     batched, seqs = _default_budget(gpu)
     max_num_batched_tokens = eng.max_num_batched_tokens or batched
     max_num_seqs = eng.max_num_seqs or min(seqs, max_num_batched_tokens)
@@ -106,8 +110,17 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
     token_capacity = (num_gpu_blocks - 1) * eng.block_size
     max_model_len = eng.max_model_len
     if max_model_len is None:
-        # vLLM would refuse to start; kvsim caps the default at what fits.
+        # vLLM would refuse to start; kvsim caps the default at what fits, and says so.
         max_model_len = max(2, min(model.max_position_embeddings, token_capacity))
+        if max_model_len < model.max_position_embeddings:
+            sized_by = ("engine.num_gpu_blocks_override = "
+                        f"{eng.num_gpu_blocks_override}" if capacity is None else
+                        f"the KV cache on {gpu.name} (tp {tp})")
+            notes.append(
+                f"engine.max_model_len: not set, and {sized_by} holds only {token_capacity} "
+                f"tokens, less than the model's {model.max_position_embeddings}; capped at "
+                f"{max_model_len} (vLLM would refuse to start): longer prompts fail and "
+                f"outputs stop at that length; set engine.max_model_len to choose")
     elif max_model_len > token_capacity:
         raise ScenarioError(
             f"engine.max_model_len: got {max_model_len}; one request of that length needs "
@@ -146,7 +159,30 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
     except (ValueError, FileNotFoundError) as exc:
         msg = str(exc)
         raise ScenarioError(msg if msg.startswith("cost_model") else f"cost_model: {msg}") from None
-    return LoadedScenario(sc, data, base, model, gpu, tp, capacity, sched_config, cost_model, workload)
+    return LoadedScenario(sc, data, base, model, gpu, tp, capacity, sched_config, cost_model, workload,
+                          tuple(notes))
+
+
+def _check_tensor_parallel(model: ModelSpec, tp: int) -> None:
+    """The head splits vLLM requires before it loads a model."""
+    # vllm/config/model.py ModelConfig.verify_with_parallel_config
+    if model.num_attention_heads % tp:
+        raise ScenarioError(
+            f"hardware.tp: got {tp}; model {model.name} has {model.num_attention_heads} attention "
+            f"heads, which tp must divide (vLLM refuses: heads must be divisible by tensor "
+            f"parallel size); allowed: {_divisors(model.num_attention_heads)}")
+    # vllm/model_executor/layers/linear.py QKVParallelLinear: divide(kv heads, tp), or
+    # divide(tp, kv heads) when the KV heads are replicated.
+    # (MLA models have no KV heads to split: one latent vector per token.)
+    kv = model.num_kv_heads
+    if model.kv_lora_rank is None and kv % tp and tp % kv:
+        raise ScenarioError(
+            f"hardware.tp: got {tp}; model {model.name} has {kv} KV heads: tp must divide them "
+            f"or be a multiple of them (vLLM shards or replicates KV heads evenly)")
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, min(n, 64) + 1) if n % d == 0)
 
 
 def _check_workload_files(workload: WorkloadConfig, base: Path) -> None:
@@ -176,6 +212,11 @@ def _named(path: str, loader, value, base: Path):
         value = str(candidate)
     try:
         return loader(value)
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(f"{path}: {value}: not a UTF-8 text file (byte {exc.start} cannot be "
+                            f"decoded); expected YAML or JSON") from None
+    except IsADirectoryError:
+        raise ScenarioError(f"{path}: {value}: is a folder without a config.json") from None
     except (ValueError, FileNotFoundError, KeyError, TypeError) as exc:
         raise ScenarioError(f"{path}: {exc}") from None
 

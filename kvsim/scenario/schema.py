@@ -23,8 +23,9 @@ import copy
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from kvsim.scenario.yamlio import YamlError, load_yaml, read_yaml_file
 
 
 class ScenarioError(ValueError):
@@ -155,7 +156,11 @@ def parse_overrides(items: list[str] | None) -> list[tuple[str, Any]]:
         if "=" not in item:
             raise ScenarioError(f"--set {item!r}: expected KEY=VALUE, e.g. engine.block_size=32")
         key, raw = item.split("=", 1)
-        out.append((key.strip(), yaml.safe_load(raw) if raw.strip() else None))
+        try:
+            value = load_yaml(raw, where=f"--set {key.strip()}") if raw.strip() else None
+        except YamlError as exc:
+            raise ScenarioError(str(exc)) from None
+        out.append((key.strip(), value))
     return out
 
 
@@ -166,14 +171,18 @@ def read_scenario_dict(path_or_dict: str | Path | dict, *, overrides=None) -> tu
         base = Path(data.pop("base_dir", ".")).resolve()
     else:
         path = Path(path_or_dict)
+        if path.is_dir():
+            raise ScenarioError(f"scenario file {str(path)!r} is a folder; give a YAML file")
         if not path.is_file():
             raise ScenarioError(f"scenario file {str(path)!r} does not exist")
         try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise ScenarioError(f"{path}: not valid YAML: {exc}") from None
+            data = read_yaml_file(path, what="scenario YAML file")
+        except YamlError as exc:
+            raise ScenarioError(str(exc)) from None
         if data is None:
-            data = {}
+            # An empty file is a mistake (a wrong path, a truncated copy), not "all defaults".
+            raise ScenarioError(f"{path}: the scenario file is empty; write at least one key "
+                                f"(e.g. name: my-run); allowed: {', '.join(SECTIONS)}")
         if not isinstance(data, dict):
             raise ScenarioError(f"{path}: a scenario must be a YAML mapping, got {type(data).__name__}")
         base = path.parent.resolve()

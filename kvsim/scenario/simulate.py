@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -16,10 +15,13 @@ from kvsim.metrics.streaming import StreamingStats
 from kvsim.metrics.summary import summarize
 from kvsim.metrics.tables import write_csv
 from kvsim.scenario.loader import LoadedScenario, load_scenario
+from kvsim.scenario.outputs import check_output_dir, summary_json, write_files
 from kvsim.sched.request import Request, RequestStatus
 from kvsim.sim.engine import Engine, EngineStats
 from kvsim.sim.run import run_engine
 from kvsim.workload import build_workload
+
+RUN_FILES = ("summary.json", "requests.csv", "steps.csv")
 
 
 @dataclass
@@ -39,17 +41,18 @@ class Result:
     stats: EngineStats | None = field(default=None, repr=False)
 
     def write(self, out_dir: str | Path) -> Path:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.json").write_text(json.dumps(self.summary, indent=2, sort_keys=False) + "\n")
+        """Write summary.json (strict JSON), requests.csv, steps.csv atomically (scenario/outputs.py)."""
+        out = check_output_dir(out_dir, files=RUN_FILES)
+        summary = summary_json(self.summary)
         # The same bytes as DataFrame.to_csv(index=False), several times faster.
-        write_csv(self.requests, out / "requests.csv")
-        write_csv(self.steps, out / "steps.csv")
+        write_files({out / "summary.json": lambda path: path.write_text(summary, encoding="utf-8"),
+                     out / "requests.csv": lambda path: write_csv(self.requests, path),
+                     out / "steps.csv": lambda path: write_csv(self.steps, path)})
         return out
 
 
 def simulate(scenario, *, trace=None, overrides=None, fast_path: bool = True,
-             streaming: bool | None = None) -> Result:
+             streaming: bool | None = None, progress=None) -> Result:
     """Run one scenario (a ``LoadedScenario``, a mapping, or a YAML path).
 
     ``trace``, if given, is called with one dict per engine step (the
@@ -59,16 +62,28 @@ def simulate(scenario, *, trace=None, overrides=None, fast_path: bool = True,
     the same results). ``streaming=True`` (or ``metrics: {streaming: true}``
     in the scenario) keeps no per-request or per-step tables: the summary is
     accumulated in bounded memory (percentiles within 0.5%), for very long runs.
+    ``progress``, if given, is called as ``progress(sim_time_s, count, total)``
+    while the run goes (``kvsim.scenario.run_progress``; wall-clock reporting only).
     """
     sc = scenario if isinstance(scenario, LoadedScenario) else load_scenario(scenario, overrides=overrides)
     rng = np.random.default_rng(sc.seed)
-    workload = build_workload(sc.workload, rng=rng, base_dir=sc.base_dir)
+    # A prompt of max_model_len tokens or more is refused on arrival: not spelled out.
+    workload = build_workload(sc.workload, rng=rng, base_dir=sc.base_dir,
+                              max_prompt_len=sc.sched_config.max_model_len - 1)
     if streaming is None:
         streaming = sc.scenario.metrics.streaming
     sink = StreamingSink(sc.scenario.slo.as_dict() or None) if streaming else None
+    hook = None
+    if progress is not None:
+        # n > 1 fans every request out into n that finish on their own.
+        total = None if workload.num_requests is None else workload.num_requests * sc.workload.n
+
+        def hook(now_s: float, num_done: int) -> None:
+            progress(now_s, num_done, total)
     engine = run_engine(workload.requests(), sc.sched_config, scheduler=sc.scheduler,
                         cost_model=sc.cost_model, trace=trace,
-                        concurrency=workload.concurrency, fast_path=fast_path, sink=sink)
+                        concurrency=workload.concurrency, fast_path=fast_path, sink=sink,
+                        progress=hook)
     if sink is not None:
         summary = sink.stats.summary(num_gpu_blocks=sc.sched_config.num_gpu_blocks)
         summary = {"scenario": sc.name, "scheduler": sc.scheduler, **summary}

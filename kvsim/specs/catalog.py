@@ -164,10 +164,12 @@ def model_from_mapping(mapping: Mapping[str, Any], default_name: str = "custom-m
     if unknown:
         raise ValueError(f"model {name}: unknown field(s) {', '.join(unknown)}; allowed: "
                          f"{', '.join(f.name for f in fields(ModelSpec) if f.name != 'name')}")
-    try:
-        return ModelSpec(name=name, **data)
-    except TypeError as exc:  # a required field is missing
-        raise ValueError(f"model {name}: {exc}") from None
+    missing = [f.name for f in fields(ModelSpec)
+               if f.name not in data and f.name != "name" and f.default is MISSING]
+    if missing:
+        raise ValueError(f"model {name}: missing field(s) {', '.join(missing)} (or give a Hugging "
+                         f"Face config.json mapping, with num_hidden_layers)")
+    return ModelSpec(name=name, **data)
 
 
 # torch_dtype -> bytes. vLLM's dtype="auto" serves float32 checkpoints in

@@ -47,7 +47,7 @@ class Workload:
 
 
 def build_workload(config: WorkloadConfig | dict, *, rng: np.random.Generator,
-                   base_dir: Path | None = None) -> Workload:
+                   base_dir: Path | None = None, max_prompt_len: int | None = None) -> Workload:
     """Validate ``config``, read its files, and return the workload.
 
     Every check (keys, values, files, trace rows) happens here, before any
@@ -55,6 +55,13 @@ def build_workload(config: WorkloadConfig | dict, *, rng: np.random.Generator,
     file's folder). One number is drawn from ``rng`` now; the workload's own
     generator is seeded from it, so the requests do not depend on what else
     draws from ``rng`` later.
+
+    ``max_prompt_len`` is the longest prompt the engine can run (``max_model_len
+    - 1``): a longer synthetic or trace prompt is yielded with its true length
+    but without its ids (``tokens.unrun_prompt``), since the engine fails it on
+    arrival without reading them; a prompt of 2e9 tokens then costs no memory.
+    A closed loop with more clients than requests has one client per request
+    (the same run: every request is released at t=0).
     """
     config = parse_workload_config(config)
     seed = int(rng.integers(0, 2**63 - 1))
@@ -68,11 +75,17 @@ def build_workload(config: WorkloadConfig | dict, *, rng: np.random.Generator,
 
     if config.kind == "trace":
         table = read_trace(config.trace, base_dir=base_dir)
-        return Workload(len(table), concurrency, lambda: trace_requests(
+        return Workload(len(table), _cap(concurrency, len(table)), lambda: trace_requests(
             table, arrival=arrival, seed=seed, priority=config.priority,
-            cache_salt=config.cache_salt, n=config.n, beam_width=config.beam_width))
+            cache_salt=config.cache_salt, n=config.n, beam_width=config.beam_width,
+            max_prompt_len=max_prompt_len))
 
     prompt_len = LengthSampler(config.prompt_len, base_dir=base_dir, yaml_path="workload.prompt_len")
     output_len = LengthSampler(config.output_len, base_dir=base_dir, yaml_path="workload.output_len")
-    return Workload(config.num_requests, concurrency, lambda: synthetic_requests(
-        config, arrival, seed, prompt_len, output_len))
+    return Workload(config.num_requests, _cap(concurrency, config.num_requests), lambda: synthetic_requests(
+        config, arrival, seed, prompt_len, output_len, max_prompt_len=max_prompt_len))
+
+
+def _cap(concurrency: int | None, num_requests: int) -> int | None:
+    """Clients beyond the request count would never send anything (the engine starts one per client)."""
+    return None if concurrency is None else max(1, min(concurrency, num_requests))

@@ -25,9 +25,15 @@ class ArrivalClock:
         gaps = self._gaps_s(count)
         # times[i] = next + gaps[0] + ... + gaps[i-1]: the gap after request i is gaps[i].
         # (A running sum, not cumsum(gaps) - gaps, which can round to a decreasing time.)
-        times = self._next_time_s + np.concatenate(([0.0], np.cumsum(gaps[:-1])))[:count]
+        with np.errstate(over="ignore"):
+            times = self._next_time_s + np.concatenate(([0.0], np.cumsum(gaps[:-1])))[:count]
         if count:
             self._next_time_s = float(times[-1] + gaps[-1])
+            if not np.isfinite(times[-1]):
+                # An infinite time would become an infinite duration (and NaN rates).
+                raise ValueError(f"workload.arrival: {self._config.model_dump()} gives arrival "
+                                 f"times that overflow to infinity; use a higher rate or a "
+                                 f"shorter interval")
         return times
 
     def _gaps_s(self, count: int) -> np.ndarray:

@@ -45,10 +45,21 @@ class LengthSampler:
 def read_length_column(config: EmpiricalLength, *, base_dir: Path | None, yaml_path: str) -> np.ndarray:
     """The column's values as floats (CSV, or JSON lines for ``.jsonl``/``.json``)."""
     path = resolve_path(config.file, base_dir, yaml_path=f"{yaml_path}.file")
-    if path.suffix in (".jsonl", ".json"):
-        table = pd.read_json(path, lines=path.suffix == ".jsonl")
-    else:
-        table = pd.read_csv(path)
+    kind = "JSON lines" if path.suffix in (".jsonl", ".json") else "CSV"
+    try:
+        if path.suffix in (".jsonl", ".json"):
+            table = pd.read_json(path, lines=path.suffix == ".jsonl")
+        else:
+            table = pd.read_csv(path)
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{yaml_path}.file = {str(path)!r}: not a UTF-8 text file (byte "
+                         f"{exc.start} cannot be decoded); expected a {kind} file") from None
+    except pd.errors.EmptyDataError:
+        raise ValueError(f"{yaml_path}.file = {str(path)!r}: the file is empty; expected a {kind} "
+                         f"file with a column {config.column!r}") from None
+    except ValueError as exc:                 # pandas' parser errors (ParserError is one)
+        raise ValueError(f"{yaml_path}.file = {str(path)!r}: not a readable {kind} file "
+                         f"({' '.join(str(exc).split())[:200]})") from None
     if config.column not in table.columns:
         raise ValueError(f"{yaml_path}.column = {config.column!r}: no such column in {path} "
                          f"(columns: {', '.join(map(str, table.columns))})")

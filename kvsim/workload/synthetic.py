@@ -27,7 +27,7 @@ from kvsim.workload.arrivals import ArrivalClock
 from kvsim.workload.config import ArrivalConfig, PriorityChoice, WorkloadConfig
 from kvsim.workload.lengths import LengthSampler
 from kvsim.workload.request import RequestSpec
-from kvsim.workload.tokens import TokenCounter
+from kvsim.workload.tokens import TokenCounter, unrun_prompt
 
 # Sessions drawn per chunk: large enough to amortise numpy calls, small enough to stay lazy.
 CHUNK_SESSIONS = 1024
@@ -53,10 +53,13 @@ def session_turn_counts(num_requests: int, turns: int, first: int, count: int) -
 
 
 def synthetic_requests(config: WorkloadConfig, arrival: ArrivalConfig, seed: int,
-                       prompt_len: LengthSampler, output_len: LengthSampler) -> Iterator[RequestSpec]:
+                       prompt_len: LengthSampler, output_len: LengthSampler, *,
+                       max_prompt_len: int | None = None) -> Iterator[RequestSpec]:
+    """The requests, lazily; prompts over ``max_prompt_len`` are not spelled out (``unrun_prompt``)."""
     rng = np.random.default_rng(seed)
     counter = TokenCounter()
-    group_prompts = [counter.take(config.prefix.shared_prompt_tokens)
+    limit = math.inf if max_prompt_len is None else max_prompt_len
+    group_prompts = [_group_prompt(counter, config.prefix.shared_prompt_tokens, limit)
                      for _ in range(config.prefix.num_groups)]
     clock = ArrivalClock(arrival, rng)
     num_sessions = math.ceil(config.num_requests / config.sessions.turns)
@@ -87,11 +90,16 @@ def synthetic_requests(config: WorkloadConfig, arrival: ArrivalConfig, seed: int
             history = group_prompts[groups[s]]
             previous_id = None
             for t in range(num_turns):
-                user = np.arange(user_starts[j], user_starts[j] + user_lens[j], dtype=np.int64)
-                prompt = np.concatenate((history, user)) if len(history) else user
                 answer = None
-                if t < num_turns - 1:
-                    answer = np.arange(out_starts[j], out_starts[j] + out_lens[j], dtype=np.int64)
+                unrun = len(history) + user_lens[j] > limit
+                if unrun:
+                    # The engine refuses it (and every later turn, which is longer).
+                    prompt = unrun_prompt(len(history) + user_lens[j])
+                else:
+                    user = np.arange(user_starts[j], user_starts[j] + user_lens[j], dtype=np.int64)
+                    prompt = np.concatenate((history, user)) if len(history) else user
+                    if t < num_turns - 1:
+                        answer = np.arange(out_starts[j], out_starts[j] + out_lens[j], dtype=np.int64)
                 request_id = f"r{next_index}"
                 yield RequestSpec(
                     request_id=request_id,
@@ -106,11 +114,23 @@ def synthetic_requests(config: WorkloadConfig, arrival: ArrivalConfig, seed: int
                     beam_width=config.beam_width,
                     after_request_id=previous_id,
                     think_time_s=think_time_s if previous_id is not None else 0.0,
-                    # A prompt of only its own user message that no later turn quotes.
-                    fresh_prompt_start=user_starts[j] if not len(history) and answer is None else None,
+                    # A prompt of only its own user message that no later turn quotes
+                    # (or one never run, whose ids nothing reads).
+                    fresh_prompt_start=(user_starts[j] if unrun or (not len(history) and answer is None)
+                                        else None),
                 )
-                if answer is not None:
+                if unrun:
+                    history = unrun_prompt(len(prompt) + out_lens[j])
+                elif answer is not None:
                     history = np.concatenate((prompt, answer))
                 previous_id = request_id
                 next_index += 1
                 j += 1
+
+
+def _group_prompt(counter: TokenCounter, num_tokens: int, limit: float) -> np.ndarray:
+    """A group's system prompt; one no request can run with is reserved, not spelled out."""
+    if num_tokens <= limit:
+        return counter.take(num_tokens)
+    counter.skip(num_tokens)
+    return unrun_prompt(num_tokens)

@@ -14,6 +14,10 @@ workload invents *are* its sharing structure. The rule is:
 Mooncake blocks use ``h * 512 + j`` (``j < 512``), a pure function of ``h``; a
 Mooncake workload takes no counter ids, so the two schemes never meet in a run.
 (Requests files give their own ids and generated ids, see ``requests_file``.)
+
+A prompt longer than the engine can ever run is not spelled out at all
+(``unrun_prompt``); the counter still advances past its ids, so every other
+request gets the same ids as without the limit.
 """
 
 from __future__ import annotations
@@ -38,6 +42,12 @@ class TokenCounter:
         self._next_id += num_tokens
         return np.arange(start, start + num_tokens, dtype=np.int64)
 
+    def skip(self, num_tokens: int) -> int:
+        """Reserve ``num_tokens`` ids without spelling them out; returns the first."""
+        start = self._next_id
+        self._next_id += num_tokens
+        return start
+
     def take_starts(self, lengths: np.ndarray) -> np.ndarray:
         """Start ids of consecutive runs of the given lengths (vectorised ``take``)."""
         lengths = np.asarray(lengths, dtype=np.int64)
@@ -55,3 +65,14 @@ def mooncake_block_tokens(hash_ids: np.ndarray, num_tokens: int) -> np.ndarray:
     hash_ids = np.asarray(hash_ids, dtype=np.int64)
     blocks = hash_ids[:, None] * MOONCAKE_BLOCK_TOKENS + np.arange(MOONCAKE_BLOCK_TOKENS, dtype=np.int64)
     return blocks.reshape(-1)[:num_tokens]
+
+
+def unrun_prompt(num_tokens: int) -> np.ndarray:
+    """A stand-in for the ids of a prompt the engine will refuse (longer than max_model_len).
+
+    A read-only array of ``num_tokens`` zeros that takes no memory (stride 0):
+    the request fails on arrival with its true length and nothing reads its
+    ids, so a prompt of 2e9 tokens costs nothing (workloads mark it fresh, so
+    the engine names its blocks without reading it).
+    """
+    return np.broadcast_to(np.zeros(1, dtype=np.int64), (num_tokens,))

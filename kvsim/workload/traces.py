@@ -35,7 +35,7 @@ from kvsim.workload.config import ArrivalConfig, PriorityChoice, TraceConfig, re
 from kvsim.workload.request import RequestSpec
 from kvsim.workload.synthetic import sample_priorities
 from kvsim.workload.tokens import (MAX_MOONCAKE_HASH_ID, MOONCAKE_BLOCK_TOKENS, TokenCounter,
-                                   mooncake_block_tokens)
+                                   mooncake_block_tokens, unrun_prompt)
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,20 @@ def read_trace(config: TraceConfig, *, base_dir: Path | None, yaml_path: str = "
     path = resolve_path(config.path, base_dir, yaml_path=f"{yaml_path}.path")
     reader = {"azure": read_azure, "mooncake": read_mooncake,
               "vidur": read_vidur, "sharegpt": read_sharegpt}[config.format]
-    return select(reader(path), config)
+    try:
+        table = reader(path)
+    except UnicodeDecodeError as exc:
+        raise ValueError(not_text_error(f"{yaml_path}.path", path, exc, config.format)) from None
+    except pd.errors.ParserError as exc:
+        raise ValueError(f"{yaml_path}.path = {str(path)!r}: not a readable {config.format} "
+                         f"CSV ({' '.join(str(exc).split())})") from None
+    return select(table, config)
+
+
+def not_text_error(yaml_path: str, path: Path, exc: UnicodeDecodeError, what: str) -> str:
+    """The message for a file that is not UTF-8 text (binary data given as a trace, a CSV)."""
+    return (f"{yaml_path} = {str(path)!r}: not a UTF-8 text file (byte {exc.start} cannot be "
+            f"decoded); a {what!r} trace must be a text file")
 
 
 def select(table: TraceTable, config: TraceConfig) -> TraceTable:
@@ -68,7 +81,12 @@ def select(table: TraceTable, config: TraceConfig) -> TraceTable:
     table = table.take(order[config.offset:stop])
     times = table.arrival_time_s
     if len(times):
-        times = (times - times[0]) * config.time_scale
+        with np.errstate(over="ignore"):
+            times = (times - times[0]) * config.time_scale
+        if not np.isfinite(times[-1]):
+            raise ValueError(f"workload.trace.time_scale = {config.time_scale:g}: the trace spans "
+                             f"{table.arrival_time_s[-1] - table.arrival_time_s[0]:g} s, which "
+                             f"scaled overflows to an infinite time; use a smaller time_scale")
     return TraceTable(times, table.num_prompt_tokens, table.num_output_tokens, table.hash_ids)
 
 
@@ -166,8 +184,11 @@ def read_sharegpt(path: Path) -> TraceTable:
 
 def trace_requests(table: TraceTable, *, arrival: ArrivalConfig | None, seed: int,
                    priority: int | PriorityChoice, cache_salt: str | None,
-                   n: int, beam_width: int) -> Iterator[RequestSpec]:
-    """Requests in time order; ``arrival`` (if given) replaces the trace's timestamps."""
+                   n: int, beam_width: int, max_prompt_len: int | None = None) -> Iterator[RequestSpec]:
+    """Requests in time order; ``arrival`` (if given) replaces the trace's timestamps.
+
+    A prompt longer than ``max_prompt_len`` is not spelled out (``unrun_prompt``).
+    """
     rng = np.random.default_rng(seed)
     count = len(table)
     times = table.arrival_time_s if arrival is None else ArrivalClock(arrival, rng).next_times(count)
@@ -176,8 +197,11 @@ def trace_requests(table: TraceTable, *, arrival: ArrivalConfig | None, seed: in
     times, priorities = np.asarray(times).tolist(), priorities.tolist()
     num_prompts, num_outputs = table.num_prompt_tokens.tolist(), table.num_output_tokens.tolist()
     starts = None if table.hash_ids is not None else TokenCounter().take_starts(table.num_prompt_tokens).tolist()
+    limit = np.inf if max_prompt_len is None else max_prompt_len
     for i in range(count):
-        if starts is None:
+        if num_prompts[i] > limit:
+            prompt = unrun_prompt(num_prompts[i])     # the engine refuses it unread
+        elif starts is None:
             prompt = mooncake_block_tokens(table.hash_ids[i], num_prompts[i])
         else:
             prompt = np.arange(starts[i], starts[i] + num_prompts[i], dtype=np.int64)

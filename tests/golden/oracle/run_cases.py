@@ -13,6 +13,18 @@ the plain CLI instead, to check that).
 Must run under the oracle's virtualenv (it imports vllm), with the oracle
 folder given by --oracle-dir.
 
+A config that names knobs under ``"_knobs"`` (the pending vLLM 0.33 cases,
+``make_cases.py --pending``) is run twice: ``expected.jsonl`` with its
+``extra_scheduler_config``, and ``baseline.jsonl`` without those knobs, so a
+test can check that the case exercises them.
+
+``max_num_scheduled_tokens`` needs one step the oracle CLI cannot take: the
+oracle checks that ``Scheduler.max_num_scheduled_tokens`` equals the config's
+``max_num_batched_tokens`` (before 0.33 they were one knob). The scheduler
+is then built without it and given it afterwards, as ``Scheduler.__init__``
+assigns it (``self.max_num_scheduled_tokens = scheduler_config.max_num_
+scheduled_tokens``; nothing else in ``__init__`` reads it).
+
 Usage: run_cases.py --oracle-dir DIR CASE_DIR [CASE_DIR ...]
 """
 from __future__ import annotations
@@ -45,25 +57,48 @@ def main() -> int:
     logging.disable(logging.WARNING)
     import vllm
 
+    install_scheduled_tokens_hook(vllm_oracle)
     failed = []
     for d in args.case_dirs:
         name = os.path.basename(os.path.normpath(d))
-        t0 = time.time()
-        try:
-            cfg = vllm_oracle.load_config(os.path.join(d, "config.json"))
-            workload = vllm_oracle.load_workload(os.path.join(d, "workload.jsonl"), cfg)
-            totals = vllm_oracle.run(cfg, workload, os.path.join(d, "expected.jsonl"),
-                                     5_000_000, "per-request")
-        except (SystemExit, Exception) as e:  # report and go on with the other cases
-            failed.append(name)
-            print(f"{name}: FAILED: {type(e).__name__}: {e}", file=sys.stderr)
-            continue
-        totals["wall_s"] = round(time.time() - t0, 2)
-        print(f"{name}: vllm {vllm.__version__}: {json.dumps(totals)}", file=sys.stderr)
+        with open(os.path.join(d, "config.json")) as f:
+            knobs = json.load(f).get("_knobs", [])
+        runs = [("expected.jsonl", ())] + ([("baseline.jsonl", tuple(knobs))] if knobs else [])
+        for out_name, without in runs:
+            t0 = time.time()
+            try:
+                cfg = vllm_oracle.load_config(os.path.join(d, "config.json"))
+                for knob in without:
+                    cfg["extra_scheduler_config"].pop(knob)
+                workload = vllm_oracle.load_workload(os.path.join(d, "workload.jsonl"), cfg)
+                totals = vllm_oracle.run(cfg, workload, os.path.join(d, out_name),
+                                         5_000_000, "per-request")
+            except (SystemExit, Exception) as e:  # report and go on with the other cases
+                failed.append(f"{name}/{out_name}")
+                print(f"{name}/{out_name}: FAILED: {type(e).__name__}: {e}", file=sys.stderr)
+                continue
+            totals["wall_s"] = round(time.time() - t0, 2)
+            print(f"{name}/{out_name}: vllm {vllm.__version__}: {json.dumps(totals)}", file=sys.stderr)
     if failed:
         print(f"failed cases: {failed}", file=sys.stderr)
         return 1
     return 0
+
+
+def install_scheduled_tokens_hook(vllm_oracle) -> None:
+    """Let ``extra_scheduler_config`` carry ``max_num_scheduled_tokens`` (see the docstring)."""
+    build = vllm_oracle.build_scheduler
+
+    def build_scheduler(cfg: dict, model_dir: str):
+        extra = dict(cfg["extra_scheduler_config"])
+        scheduled = extra.pop("max_num_scheduled_tokens", None)
+        sched, *rest = build({**cfg, "extra_scheduler_config": extra}, model_dir)
+        if scheduled is not None:
+            sched.scheduler_config.max_num_scheduled_tokens = scheduled
+            sched.max_num_scheduled_tokens = scheduled
+        return (sched, *rest)
+
+    vllm_oracle.build_scheduler = build_scheduler
 
 
 if __name__ == "__main__":

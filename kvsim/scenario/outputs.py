@@ -1,0 +1,226 @@
+"""Where a run's files go: checked before the simulation, written atomically.
+
+A run's outputs must not be found broken only after minutes of simulation,
+and an interrupted or failed write must not leave a truncated file under a
+final name. So:
+
+* ``check_output_dir`` / ``check_output_file`` run before the simulation
+  starts: a path that is a file where a folder is wanted (or the reverse), a
+  folder that cannot be created or written, are one-line ``OutputError``s
+  that name the option and the path;
+* every file is first written under a temporary name in its own folder
+  (``.summary.json.<pid>.tmp``) and then renamed over the final name
+  (``os.replace``, atomic on POSIX and Windows): a reader, or a rerun after a
+  crash, Ctrl-C or a full disk, finds either the old file or the new one.
+  ``write_files`` stages every file of a run before it renames any, so a
+  failure while writing leaves all the old files in place;
+* a write that fails (no space left, permission denied) is an ``OutputError``
+  that names the final path and the reason, not a traceback.
+
+There is no ``fsync``: the renames protect against a process that stops, not
+against a machine that loses power.
+
+``summary.json`` is strict JSON (RFC 8259 has no NaN or Infinity): a value
+that is not a finite number is written as ``null`` and explained under
+``null_reasons`` (``strict_summary``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+
+class OutputError(ValueError):
+    """An output path that cannot be written; the message names the option and the path."""
+
+
+# --------------------------------------------------------------------------- checks
+
+def check_output_dir(out: str | os.PathLike, *, option: str = "--out",
+                     files: tuple[str, ...] = ()) -> Path:
+    """Create the folder ``out`` (and its parents) and make sure a file can be written in it.
+
+    ``files`` are the names the run will write there: each must not be a folder.
+    """
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"{option} {out}: is a file, not a folder; give a folder path "
+                          f"(it is created if missing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise OutputError(f"{option} {out}: cannot create the folder: a part of the path "
+                          f"is a file") from None
+    except OSError as exc:
+        raise OutputError(f"{option} {out}: cannot create the folder: {_reason(exc)}") from None
+    for name in files:
+        if (path / name).is_dir():
+            raise OutputError(f"{option} {out}: {path / name} is a folder; the run writes a "
+                              f"file there; remove it or choose another folder")
+    _probe(path, option, out)
+    return path
+
+
+def check_output_file(target: str | os.PathLike, *, option: str) -> Path:
+    """Make sure ``target`` can be written as a file (its folder is created if missing)."""
+    path = Path(target)
+    if path.is_dir():
+        raise OutputError(f"{option} {target}: is a folder; give a file path")
+    parent = path.parent
+    if parent.exists() and not parent.is_dir():
+        raise OutputError(f"{option} {target}: {parent} is a file, not a folder")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutputError(f"{option} {target}: cannot create the folder {parent}: "
+                          f"{_reason(exc)}") from None
+    _probe(parent, option, target)
+    return path
+
+
+def _probe(folder: Path, option: str, given) -> None:
+    """Create and remove a file in ``folder``: permissions and read-only mounts show here."""
+    probe = folder / f".kvsim-probe.{os.getpid()}.tmp"
+    try:
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise OutputError(f"{option} {given}: cannot write in {folder}: {_reason(exc)}") from None
+
+
+# --------------------------------------------------------------------------- writing
+
+def temporary_name(target: Path) -> Path:
+    """The name a file is written under before it is renamed to ``target``."""
+    return target.with_name(f".{target.name}.{os.getpid()}.tmp")
+
+
+def write_files(writers: Mapping[str | os.PathLike, Callable[[Path], None]]) -> None:
+    """Write every file atomically: ``writers[target](temp_path)`` writes one file.
+
+    All files are written under temporary names first, then renamed; if any
+    write fails or is interrupted, the temporary files are removed and every
+    target keeps its old content.
+    """
+    staged: list[tuple[Path, Path]] = []
+    try:
+        for target, write in writers.items():
+            target = Path(target)
+            temp = temporary_name(target)
+            staged.append((temp, target))
+            try:
+                write(temp)
+            except OSError as exc:
+                raise OutputError(f"cannot write {target}: {_reason(exc)}") from None
+        for temp, target in staged:
+            try:
+                os.replace(temp, target)
+            except OSError as exc:
+                raise OutputError(f"cannot write {target}: {_reason(exc)}") from None
+    except BaseException:
+        for temp, _ in staged:
+            _remove(temp)
+        raise
+
+
+@contextmanager
+def atomic_open(target: str | os.PathLike, *, option: str | None = None) -> Iterator[TextIO]:
+    """A text file written under a temporary name, renamed to ``target`` when the block ends.
+
+    An exception (or Ctrl-C) inside the block removes the temporary file and
+    leaves ``target`` as it was.
+    """
+    target = Path(target)
+    temp = temporary_name(target)
+    where = f"{option} {target}" if option else str(target)
+    try:
+        handle = open(temp, "w", encoding="utf-8")
+    except OSError as exc:
+        raise OutputError(f"cannot write {where}: {_reason(exc)}") from None
+    try:
+        try:
+            yield handle
+            handle.close()
+        except OSError as exc:
+            raise OutputError(f"cannot write {where}: {_reason(exc)}") from None
+        try:
+            os.replace(temp, target)
+        except OSError as exc:
+            raise OutputError(f"cannot write {where}: {_reason(exc)}") from None
+    except BaseException:
+        try:
+            handle.close()
+        except OSError:
+            pass
+        _remove(temp)
+        raise
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except OSError:
+        pass
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+# --------------------------------------------------------------------------- strict JSON
+
+def strict_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """``summary`` with every NaN or infinite number replaced by ``None``, and why.
+
+    The reasons go under ``null_reasons`` (key -> one sentence); the key is
+    absent when every value is a finite number.
+    """
+    out: dict[str, Any] = {}
+    reasons: dict[str, str] = {}
+    for key, value in summary.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            out[key] = None
+            reasons[key] = null_reason(key, value, summary)
+        else:
+            out[key] = value
+    if reasons:
+        out["null_reasons"] = reasons
+    return out
+
+
+def summary_json(summary: Mapping[str, Any]) -> str:
+    """The summary as strict JSON text (what ``summary.json`` and ``--json`` hold)."""
+    return json.dumps(strict_summary(summary), indent=2, allow_nan=False) + "\n"
+
+
+def null_reason(key: str, value: float, summary: Mapping[str, Any]) -> str:
+    """One sentence saying why ``summary[key]`` has no finite value."""
+    if math.isinf(value):
+        return ("infinite: the simulated times overflowed (check workload time scales and "
+                "arrival rates)")
+    completed = summary.get("completed") or 0
+    duration = summary.get("duration")
+    timed = isinstance(duration, (int, float)) and math.isfinite(duration) and duration > 0
+    if key == "request_goodput" and timed:
+        return "no SLO given (slo: ttft_ms, tpot_ms, e2el_ms), so no goodput"
+    if key == "duration":
+        return "no request finished"
+    if key.endswith("_throughput") or key == "request_goodput":
+        return "the run has no duration (no request finished, or all at one instant)"
+    if key.endswith(("_ttft_ms", "_e2el_ms")):
+        return "no request completed" if not completed else "not defined for these requests"
+    if key.endswith(("_tpot_ms", "_itl_ms")):
+        if not completed:
+            return "no request completed"
+        return "no completed request generated more than one token"
+    if key.startswith("kv_cache_usage") or key == "mean_batch_size":
+        return "no engine step ran"
+    if key == "prefix_cache_hit_rate":
+        return "no prompt token was scheduled"
+    return "not defined for this run (no data to compute it from)"
