@@ -19,6 +19,13 @@ def add_parser(subparsers) -> None:
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
                    help="override a value, e.g. --set engine.max_num_batched_tokens=512 "
                         "(value read as YAML); repeatable")
+    # vLLM command lines (kvsim/vllm_args); --set still wins over them.
+    p.add_argument("--serve-args", metavar="'FLAGS'",
+                   help="`vllm serve` flags, e.g. '--max-num-seqs 128 -tp 2' (docs/vllm.md)")
+    p.add_argument("--bench-args", metavar="'FLAGS'",
+                   help="`vllm bench serve` flags: replace the workload (docs/vllm.md)")
+    p.add_argument("--ignore-unsupported", action="store_true",
+                   help="with --serve-args/--bench-args: skip (and list) flags kvsim does not model")
     p.add_argument("--trace", metavar="FILE.jsonl",
                    help="write the step trace (one JSON object per engine step)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -32,8 +39,13 @@ def run_command(args: argparse.Namespace) -> int:
     from kvsim.scenario.loader import load_scenario
     from kvsim.scenario.simulate import simulate
 
+    from kvsim.scenario.schema import parse_overrides
+    from kvsim.vllm_args import cli_overrides
+
     t0 = time.perf_counter()
-    sc = load_scenario(args.scenario, overrides=args.overrides)
+    overrides = cli_overrides(args.serve_args, args.bench_args, log=lambda line: print(line, file=sys.stderr),
+                              ignore_unsupported=args.ignore_unsupported)
+    sc = load_scenario(args.scenario, overrides=overrides + parse_overrides(args.overrides))
     trace_file = open(args.trace, "w") if args.trace else None
     try:
         write = None
