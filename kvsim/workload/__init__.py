@@ -81,6 +81,11 @@ def build_workload(config: WorkloadConfig | dict, *, rng: np.random.Generator,
 
     if config.kind == "trace":
         table = read_trace(config.trace, base_dir=base_dir)
+        if table.after is not None and (concurrency or config.n > 1 or config.beam_width > 1):
+            # A later turn waits for one named request: a closed loop would release it
+            # early, and n > 1 copies would leave it waiting on a name that never finishes.
+            raise ValueError(f"workload.trace.path = {config.trace.path!r}: a session trace (rows with "
+                             f"session_id) needs an open-loop arrival, n: 1 and beam_width: 1")
         return Workload(len(table), concurrency, lambda: trace_requests(
             table, arrival=arrival, seed=seed, priority=config.priority,
             cache_salt=config.cache_salt, n=config.n, beam_width=config.beam_width))

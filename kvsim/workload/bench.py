@@ -41,7 +41,7 @@ from kvsim.workload.bench_config import INF, BenchConfig
 from kvsim.workload.config import resolve_path
 from kvsim.workload.request import RequestSpec
 from kvsim.workload.tokens import TokenCounter, mooncake_block_tokens
-from kvsim.workload.traces import read_mooncake
+from kvsim.workload.traces import mooncake_timestamps, read_mooncake
 
 
 @dataclass(frozen=True)
@@ -239,11 +239,14 @@ def _burstgpt(cfg: BenchConfig, seed: int, path: Path) -> BenchTable:
 
 def _timed_trace(cfg: BenchConfig, seed: int, path: Path) -> BenchTable:
     """TimedTrace over a Mooncake-format JSONL: file order, timestamps x sec_multiplier."""
-    table = read_mooncake(path)               # validates every line; times are ts / 1000
+    table = read_mooncake(path)               # validates every line
+    if table.after is not None:
+        raise ValueError(f"workload.bench.dataset_path: {path}: rows with session_id are not part of "
+                         f"vLLM's timed_trace (it needs a timestamp on every row); replay the file "
+                         f"with workload.trace {{format: mooncake}}")
     n = min(cfg.num_prompts, len(table))
-    # read_mooncake divides the trace's numbers by 1000 (Mooncake ms); vLLM reads them
-    # as they are and multiplies by --timed-trace-sec-multiplier.
-    stamps = table.arrival_time_s[:n] * 1000.0 * cfg.timed_trace_sec_multiplier
+    # vLLM reads the timestamps as they are and multiplies them by --timed-trace-sec-multiplier.
+    stamps = mooncake_timestamps(path)[:n] * cfg.timed_trace_sec_multiplier
     zeros = np.zeros(n, dtype=np.int64)
     return BenchTable(zeros, table.num_output_tokens[:n].copy(), np.full(n, -1, dtype=np.int64), [],
                       timestamps=stamps, hash_ids=table.hash_ids[:n],
