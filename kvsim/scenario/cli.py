@@ -29,6 +29,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--trace", metavar="FILE.jsonl",
                    help="write the step trace (one JSON object per engine step)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--save-detailed", action="store_true",
+                   help="bench_serve.json with per-request lists, as vllm bench serve --save-detailed")
+    p.add_argument("--scrape-interval", type=float, default=1.0, metavar="S",
+                   help="metrics.csv: simulated seconds between Prometheus scrapes (default 1)")
     # Everything is written and closed when run_command returns: skip the
     # interpreter's teardown when run as a program (kvsim/cli.py).
     p.set_defaults(func=run_command, exit_without_cleanup=True)
@@ -37,9 +41,8 @@ def add_parser(subparsers) -> None:
 def run_command(args: argparse.Namespace) -> int:
     from kvsim.metrics.summary import format_summary
     from kvsim.scenario.loader import load_scenario
-    from kvsim.scenario.simulate import simulate
-
     from kvsim.scenario.schema import parse_overrides
+    from kvsim.scenario.simulate import simulate
     from kvsim.vllm_args import cli_overrides
 
     t0 = time.perf_counter()
@@ -56,16 +59,26 @@ def run_command(args: argparse.Namespace) -> int:
     finally:
         if trace_file is not None:
             trace_file.close()
-    wall = time.perf_counter() - t0
+    written = []
     if args.out:
+        from kvsim.vllm_outputs import write_vllm_outputs   # metrics.csv, bench_serve.json
         result.write(args.out)
+        extra, notes = write_vllm_outputs(result, args.out, detailed=args.save_detailed,
+                                          interval_s=args.scrape_interval)
+        written = ["summary.json", "requests.csv", "steps.csv", *extra]
+        for note in notes:
+            print(f"note: {note}", file=sys.stderr)
+    wall = time.perf_counter() - t0
     if args.json:
         print(json.dumps(result.summary, indent=2))
     else:
         print(format_summary(result.summary))
-        where = f"; wrote {Path(args.out) / 'summary.json'}, requests.csv, steps.csv" if args.out else ""
         num_requests = int(result.summary.get("completed", 0)) + int(result.summary.get("failed", 0))
         steps = f", {len(result.steps)} steps" if len(result.steps) else " (streaming metrics)"
-        print(f"simulated {num_requests} requests{steps} in {wall:.2f} s wall{where}",
+        simulated = result.summary.get("duration")
+        simulated = f"{simulated:.2f} s" if isinstance(simulated, float) and simulated == simulated else "n/a"
+        print(f"simulated time {simulated} ({num_requests} requests{steps}); wall time {wall:.2f} s",
               file=sys.stderr)
+        if written:
+            print(f"wrote {Path(args.out)}/: {', '.join(written)}", file=sys.stderr)
     return 0
