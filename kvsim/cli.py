@@ -25,6 +25,8 @@ COMMANDS = {
     "report": ("kvsim.report", "regenerate the known-result reports in reports/"),
     "plan": ("kvsim.plan", "capacity planning: highest rate meeting SLOs per GPU candidate"),
     "bench": ("kvsim.bench", "speed benchmarks; write reports/performance.md"),
+    "view": ("kvsim.view", "one self-contained HTML page of a run or a sweep folder"),
+    "schema": ("kvsim.schema_cli", "print the scenario JSON Schema (for editors)"),
 }
 
 
