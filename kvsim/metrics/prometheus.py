@@ -110,11 +110,31 @@ def _gauges(out: dict, steps: pd.DataFrame, end: np.ndarray, scrapes: np.ndarray
         out[name] = sampled.astype(float if column == "kv_cache_usage" else np.int64)
 
 
-def _cumulative(times: np.ndarray, weights: np.ndarray, scrapes: np.ndarray) -> np.ndarray:
+def _scrape_index(times: np.ndarray, scrapes: np.ndarray) -> np.ndarray:
+    """The first scrape at or after each event: the one whose sample counts it first."""
+    return np.searchsorted(scrapes, times, side="left")
+
+
+def _cumulative(times: np.ndarray, weights, scrapes: np.ndarray) -> np.ndarray:
     """Sum of ``weights`` of the events at or before each scrape time."""
-    order = np.argsort(times, kind="stable")
-    csum = np.concatenate(([0], np.cumsum(np.asarray(weights)[order])))
-    return csum[np.searchsorted(times[order], scrapes, side="right")]
+    at = _scrape_index(np.asarray(times, dtype=float), scrapes)
+    weights = np.broadcast_to(np.asarray(weights, dtype=float), at.shape)
+    keep = at < len(scrapes)
+    return np.cumsum(np.bincount(at[keep], weights=weights[keep], minlength=len(scrapes)))
+
+
+def _histogram(times: np.ndarray, values: np.ndarray, weights: np.ndarray, buckets,
+               scrapes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Cumulative counts per (scrape, ``le`` bucket incl. +Inf), and the cumulative sum, per scrape."""
+    at = _scrape_index(times, scrapes)
+    keep = at < len(scrapes)
+    at, values, weights = at[keep], values[keep], weights[keep]
+    bucket = np.searchsorted(np.asarray(buckets, dtype=float), values, side="left")   # le: value <= bound
+    width = len(buckets) + 1
+    counts = np.bincount(at * width + bucket, weights=weights, minlength=len(scrapes) * width)
+    counts = counts.reshape(len(scrapes), width).cumsum(axis=0).cumsum(axis=1)
+    sums = np.cumsum(np.bincount(at, weights=weights * values, minlength=len(scrapes)))
+    return counts, sums
 
 
 def _first_tokens_per_step(end: np.ndarray, ev: _RequestEvents) -> np.ndarray:
@@ -141,7 +161,7 @@ def _counters(out: dict, steps: pd.DataFrame, end: np.ndarray, scrapes: np.ndarr
         'vllm:request_success_total{finished_reason="length"}': (done, np.ones(len(done))),
     }
     for name, (times, weights) in series.items():
-        out[name] = _cumulative(np.asarray(times, dtype=float), weights, scrapes).astype(np.int64)
+        out[name] = np.rint(_cumulative(times, weights, scrapes)).astype(np.int64)
 
 
 def _histograms(out: dict, steps: pd.DataFrame, end: np.ndarray, scrapes: np.ndarray,
@@ -180,12 +200,13 @@ def _histograms(out: dict, steps: pd.DataFrame, end: np.ndarray, scrapes: np.nda
     for name, buckets, times, values, weights in histograms:
         times, values = np.asarray(times, dtype=float), np.asarray(values, dtype=float)
         w = np.ones(len(values)) if weights is None else np.asarray(weights, dtype=float)
-        for bound in buckets:
-            out[f'{name}_bucket{{le="{_le(bound)}"}}'] = _cumulative(
-                times, w * (values <= bound), scrapes).astype(np.int64)
-        out[f'{name}_bucket{{le="+Inf"}}'] = _cumulative(times, w, scrapes).astype(np.int64)
-        out[f"{name}_sum"] = _cumulative(times, w * values, scrapes)
-        out[f"{name}_count"] = out[f'{name}_bucket{{le="+Inf"}}']
+        counts, sums = _histogram(times, values, w, buckets, scrapes)
+        counts = np.rint(counts).astype(np.int64)
+        for j, bound in enumerate(buckets):
+            out[f'{name}_bucket{{le="{_le(bound)}"}}'] = counts[:, j]
+        out[f'{name}_bucket{{le="+Inf"}}'] = counts[:, -1]
+        out[f"{name}_sum"] = sums
+        out[f"{name}_count"] = counts[:, -1]
 
 
 def _le(bound) -> str:
