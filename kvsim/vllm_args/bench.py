@@ -10,8 +10,8 @@ by vLLM's type rules. ``--goodput`` fills ``slo:``, ``--model`` fills
 
 from __future__ import annotations
 
-from kvsim.vllm_args.parse import Given, VllmArgsError
-from kvsim.vllm_args.serve import DEFAULT, To, Unmodelled, _only, model_value
+from kvsim.vllm_args.parse import VllmArgsError
+from kvsim.vllm_args.serve import To, Unmodelled, _only, model_value
 from kvsim.vllm_args.values import Rule
 
 # vllm/benchmarks/datasets/datasets.py add_dataset_parser: --dataset-name choices.
@@ -110,5 +110,3 @@ NO_EFFECT: dict[str, tuple[str, ...]] = {
         "ignore_eos", "top_p", "top_k", "min_p", "temperature", "frequency_penalty",
         "presence_penalty", "repetition_penalty"),
 }
-
-__all__ = ["DEFAULT", "Given", "NO_EFFECT", "PLANNED", "SUPPORTED"]

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvsim.vllm_args.parse import Given, VllmArgsError
+from kvsim.vllm_args.parse import VllmArgsError
 from kvsim.vllm_args.values import Rule
 
 
