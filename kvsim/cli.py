@@ -22,9 +22,11 @@ COMMANDS = {
     "plot": ("kvsim.plots_cli", "draw a figure from a run folder or a sweep's results.csv"),
     "capacity": ("kvsim.specs.cli", "KV-cache capacity of a model on a GPU (as vLLM sizes it)"),
     "calibrate": ("kvsim.cost.cli", "fit cost-model profiles to measurements; calibration report"),
-    "report": ("kvsim.reports.cli", "regenerate the known-result reports in reports/"),
+    "report": ("kvsim.reports.cli", "known-result reports: out/reports/ (reports/ with --update-reports)"),
     "plan": ("kvsim.plan", "capacity planning: highest rate meeting SLOs per GPU candidate"),
-    "bench": ("kvsim.bench", "speed benchmarks; write reports/performance.md"),
+    "bench": ("kvsim.bench", "speed benchmarks: out/performance.md (reports/ with --update-reports)"),
+    "view": ("kvsim.view", "one self-contained HTML page of a run or a sweep folder"),
+    "schema": ("kvsim.schema_cli", "print the scenario JSON Schema (for editors)"),
 }
 
 

@@ -17,7 +17,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import NullLocator
 
-KINDS = ("tradeoff", "latency-throughput", "kv-timeline", "batch-timeline", "memory-waste")
+KINDS = ("tradeoff", "latency-throughput", "kv-timeline", "batch-timeline", "memory-waste",
+         "throughput-interactivity", "cost")      # the last two: kvsim/plots_serving.py
 
 MEMORY_COLUMNS = ("used_bytes", "reserved_unused_bytes", "internal_fragmentation_bytes",
                   "external_fragmentation_bytes")
@@ -58,11 +59,13 @@ def tradeoff(results: pd.DataFrame, x: str, *, title: str | None = None) -> Figu
 
 def latency_throughput(results: pd.DataFrame, rate_col: str = "workload.arrival.rate",
                        policy_col: str = "engine.scheduler", *,
-                       title: str | None = None) -> Figure:
+                       title: str | None = None, slo: dict | None = None) -> Figure:
     """Request rate against TTFT (left) and TPOT (right) percentiles, a line per policy.
 
     Past the knee the queue grows without bound and TTFT leaves the chart, so
     its axis turns logarithmic when the values span more than two decades.
+    ``slo`` (``{"ttft_ms": 2000, "tpot_ms": 100}``) draws each limit as a
+    horizontal line: the highest rate whose p99 stays under it is the capacity.
     """
     needed = [rate_col, policy_col, "median_ttft_ms", "p99_ttft_ms",
               "median_tpot_ms", "p99_tpot_ms"]
@@ -80,6 +83,9 @@ def latency_throughput(results: pd.DataFrame, rate_col: str = "workload.arrival.
         ax.set_xlabel("Request rate (req/s)")
         ax.set_ylabel(f"{name} (ms)")
         ax.set_title(name)
+        if (slo or {}).get(f"{metric}_ms"):
+            ax.axhline(slo[f"{metric}_ms"], color="black", linestyle=":",
+                       label=f"SLO {slo[f'{metric}_ms']:g} ms")
         values = pd.to_numeric(results[f"p99_{metric}_ms"], errors="coerce")
         values = values[values > 0]
         if len(values) and values.max() / values.min() > 100:

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvsim import plots
+from kvsim import plots, plots_serving
 
 # Which input each plot reads.
 RUN_KINDS = ("kv-timeline", "batch-timeline")
-RESULTS_KINDS = ("tradeoff", "latency-throughput", "memory-waste")
+RESULTS_KINDS = ("tradeoff", "latency-throughput", "memory-waste", "throughput-interactivity", "cost")
 FORMATS = (".png", ".svg")
 
 
@@ -26,7 +26,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "plot", help="draw a figure from a run folder or a sweep's results.csv",
         description="Draw one figure (PNG or SVG) from a `kvsim run --out DIR` folder "
                     "(kv-timeline, batch-timeline) or a sweep's results.csv (tradeoff, "
-                    "latency-throughput; memory-waste reads a CSV with one row per system).")
+                    "latency-throughput, throughput-interactivity, cost; memory-waste reads a "
+                    "CSV with one row per system). Writes KIND.png next to the input unless "
+                    "--out says otherwise, and prints the path it wrote.")
     p.add_argument("kind", choices=plots.KINDS, help="which plot")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--run", type=Path, metavar="DIR", help="a `kvsim run --out` folder")
@@ -36,8 +38,19 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "parameter that varies) or the request-rate column "
                         "(latency-throughput; default workload.arrival.rate)")
     p.add_argument("--policy", metavar="COL", default="engine.scheduler",
-                   help="latency-throughput: column with one line per value "
-                        "(default engine.scheduler)")
+                   help="latency-throughput, throughput-interactivity, cost: column with one line "
+                        "per value (default engine.scheduler; the latter two: only if present)")
+    p.add_argument("--slo", nargs="+", metavar="KEY:MS",
+                   help="latency-throughput: SLO lines, vLLM --goodput style, e.g. ttft:2000 tpot:100")
+    p.add_argument("--gpus", default=None, metavar="N|COL",
+                   help="throughput-interactivity, cost: GPUs per point, a number or a column "
+                        "(default: hardware.tp if swept, else 1)")
+    p.add_argument("--gpu-hour-usd", type=float, metavar="PRICE",
+                   help="cost: the price of one GPU-hour in dollars (required)")
+    p.add_argument("--stat", choices=("median", "mean"), default="median",
+                   help="throughput-interactivity, cost: TPOT statistic for tokens/s per user")
+    p.add_argument("--tokens", choices=("total", "output"), default="total",
+                   help="throughput-interactivity, cost: count prompt + output tokens, or output only")
     p.add_argument("--steps", metavar="START:END",
                    help="kv-timeline, batch-timeline: only steps START <= step < END "
                         "(either side may be left empty)")
@@ -76,7 +89,9 @@ def run_plot(args: argparse.Namespace) -> int:
             fig = plots.tradeoff(results, args.x or _swept_column(results), title=title)
         elif kind == "latency-throughput":
             fig = plots.latency_throughput(results, args.x or "workload.arrival.rate",
-                                           args.policy, title=title)
+                                           args.policy, title=title, slo=_slo(args.slo))
+        elif kind in ("throughput-interactivity", "cost"):
+            fig = _serving_plot(kind, results, args, title)
         else:
             fig = plots.memory_waste(results, title)
 
@@ -85,6 +100,38 @@ def run_plot(args: argparse.Namespace) -> int:
     fig.clear()  # release the artists now: a sweep script may draw hundreds of figures
     print(out)
     return 0
+
+
+def _serving_plot(kind: str, results: pd.DataFrame, args: argparse.Namespace, title: str):
+    gpus = args.gpus if args.gpus is not None else ("hardware.tp" if "hardware.tp" in results.columns else 1)
+    try:
+        gpus = float(gpus)
+    except ValueError:
+        pass                                     # a column name
+    group = args.policy if args.policy in results.columns else None
+    common = dict(gpus=gpus, stat=args.stat, tokens=args.tokens, group=group, title=title)
+    if kind == "throughput-interactivity":
+        return plots_serving.throughput_interactivity(results, **common)
+    if args.gpu_hour_usd is None:
+        raise ValueError("plot 'cost' needs --gpu-hour-usd PRICE (dollars per GPU-hour)")
+    return plots_serving.cost_per_million_tokens(results, gpu_hour_usd=args.gpu_hour_usd, **common)
+
+
+def _slo(pairs: list[str] | None) -> dict | None:
+    """``ttft:2000 tpot:100`` (vLLM's --goodput form) -> {"ttft_ms": 2000.0, "tpot_ms": 100.0}."""
+    if not pairs:
+        return None
+    slo = {}
+    for pair in pairs:
+        name, _, value = pair.partition(":")
+        try:
+            limit = float(value)
+        except ValueError:
+            limit = float("nan")
+        if name not in ("ttft", "tpot") or not limit > 0:
+            raise ValueError(f"--slo {pair!r}: expected ttft:MS or tpot:MS with a limit > 0 ms")
+        slo[f"{name}_ms"] = limit
+    return slo
 
 
 def _read_csv(path: Path) -> pd.DataFrame:

@@ -288,7 +288,7 @@ CASES = [
                     "engine.swap_space": 0.0001, "engine.num_gpu_blocks_override": 40,
                     "engine.max_model_len": 512, "workload.num_requests": 50,
                     "workload.output_len.value": 300}),
-    Case("closed-loop-concurrency-1e9", 0, ("simulated 20 requests",),
+    Case("closed-loop-concurrency-1e9", 0, ("simulated time", "(20 requests",),
          overrides={"workload.arrival": {"type": "closed_loop", "concurrency": 1_000_000_000}}),
     Case("sweep-section-ignored-by-run", 0, ("s.yaml", "sweep:", "kvsim sweep"),
          overrides={"sweep": {"grid": {"engine.block_size": [16, 32]}}}),

@@ -271,7 +271,8 @@ def scenario_file(tmp_path) -> Path:
 def test_cli_run_writes_the_three_files_and_a_trace_line_per_step(scenario_file, tmp_path, capsys):
     out, trace = tmp_path / "out", tmp_path / "trace.jsonl"
     assert kvsim_main(["run", str(scenario_file), "--out", str(out), "--trace", str(trace)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["requests.csv", "steps.csv", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["bench_serve.json", "metrics.csv", "requests.csv",
+                                                     "steps.csv", "summary.json"]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["completed"] == 5
     lines = trace.read_text().splitlines()

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
-from kvsim import plots
+from kvsim import plots, plots_serving
 from kvsim.cli import main
 from kvsim.metrics.schema import STEP_COLUMNS
 
@@ -29,6 +29,9 @@ def sweep_results() -> pd.DataFrame:
                     "p99_ttft_ms": 300 + 3e5 / budget + 10 * rate ** 3,
                     "median_tpot_ms": 12 + rate * slow,
                     "p99_tpot_ms": 25 + 2 * rate * slow,
+                    "mean_tpot_ms": 13 + rate * slow,
+                    "output_throughput": 100 * rate / slow,
+                    "total_token_throughput": 500 * rate / slow,
                 })
     return pd.DataFrame(rows)
 
@@ -68,6 +71,12 @@ FIGURES = {
     "kv-timeline": lambda: plots.kv_timeline(run_steps(), "chat-8b"),
     "batch-timeline": lambda: plots.batch_timeline(run_steps(), "chat-8b", token_budget=2048),
     "memory-waste": lambda: plots.memory_waste(memory_table(), "chat-8b"),
+    "throughput-interactivity": lambda: plots_serving.throughput_interactivity(
+        sweep_results().query("`engine.max_num_batched_tokens` == 2048"), group="engine.scheduler",
+        title="chat-8b"),
+    "cost": lambda: plots_serving.cost_per_million_tokens(
+        sweep_results().query("`engine.max_num_batched_tokens` == 2048"), gpu_hour_usd=2.0,
+        title="chat-8b"),
 }
 
 
@@ -96,7 +105,7 @@ def test_plot_has_labelled_axes_and_a_title_naming_the_scenario(kind):
 @pytest.mark.parametrize("kind", plots.KINDS)
 def test_plot_y_axis_names_its_unit(kind):
     fig = FIGURES[kind]()
-    units = ("(ms)", "(%)", "(GiB)", "Tokens", "Requests", "Preemptions")
+    units = ("(ms)", "(%)", "(GiB)", "Tokens", "Requests", "Preemptions", "($)")
     for ax in fig.axes:
         assert any(u in ax.get_ylabel() for u in units), ax.get_ylabel()
 
@@ -359,3 +368,58 @@ def test_memory_waste_plots_the_allocators_own_usage_records():
     # paged: 29 blocks = 464 slots hold 450 tokens -> 14 / 464 = 3.0 %.
     assert [t.get_text() for t in ax.texts] == ["95% waste", "3% waste"]
     assert ax.get_ylabel() == "KV memory (GiB)"
+
+
+# --- serving trade-offs: what the lines show --------------------------------------------
+
+def serving_table():
+    # Four points of one policy on 2 GPUs: (median TPOT ms, total tok/s of the point).
+    return pd.DataFrame({"engine.max_num_seqs": [8, 32, 128, 512],
+                         "median_tpot_ms": [10.0, 20.0, 50.0, 40.0],
+                         "mean_tpot_ms": [11.0, 22.0, 55.0, 44.0],
+                         "total_token_throughput": [1000.0, 3000.0, 4000.0, 5000.0],
+                         "output_throughput": [100.0, 300.0, 400.0, 500.0]})
+
+
+def test_throughput_interactivity_plots_tokens_per_gpu_against_tokens_per_user():
+    fig = plots_serving.throughput_interactivity(serving_table(), gpus=2)
+    points, front = fig.axes[0].lines
+    # 1000 / TPOT ms per user, sorted by it; throughput / 2 GPUs.
+    assert points.get_xydata().tolist() == [[20.0, 2000.0], [25.0, 2500.0], [50.0, 1500.0], [100.0, 500.0]]
+    # (20, 2000) is beaten by (25, 2500) on both axes: off the frontier.
+    assert front.get_xydata().tolist() == [[25.0, 2500.0], [50.0, 1500.0], [100.0, 500.0]]
+
+
+def test_gpus_per_point_can_come_from_a_column_and_output_tokens_only():
+    table = serving_table().assign(**{"hardware.tp": [1, 1, 2, 4]})
+    fig = plots_serving.throughput_interactivity(table, gpus="hardware.tp", tokens="output", stat="mean")
+    # By tokens/s per user (1000 / mean TPOT): rows 2, 3, 1, 0; output tok/s / their GPUs.
+    assert fig.axes[0].lines[0].get_xydata()[:, 1].tolist() == [200.0, 125.0, 300.0, 100.0]
+
+
+def test_cost_per_million_tokens_is_gpu_price_over_tokens_per_hour():
+    fig = plots_serving.cost_per_million_tokens(serving_table(), gpu_hour_usd=3.6, gpus=2)
+    line = fig.axes[0].lines[0]
+    # $3.6 per GPU-hour at 2000 tok/s per GPU: 3.6 / (2000 x 3600) x 10^6 = $0.5 per million.
+    assert line.get_xdata().tolist() == [20.0, 25.0, 50.0, 100.0]
+    assert line.get_ydata() == pytest.approx([0.5, 0.4, 2 / 3, 2.0])
+
+
+def test_latency_throughput_draws_the_slo_limits():
+    fig = plots.latency_throughput(sweep_results().query("`engine.max_num_batched_tokens` == 2048"),
+                                   slo={"ttft_ms": 2000, "tpot_ms": 30})
+    ttft_slo = [ln for ln in fig.axes[0].lines if ln.get_label() == "SLO 2000 ms"]
+    tpot_slo = [ln for ln in fig.axes[1].lines if ln.get_label() == "SLO 30 ms"]
+    assert [list(ln.get_ydata()) for ln in ttft_slo + tpot_slo] == [[2000, 2000], [30, 30]]
+
+
+def test_cli_serving_plots(tmp_path, capsys):
+    results = tmp_path / "results.csv"
+    serving_table().to_csv(results, index=False)
+    assert main(["plot", "throughput-interactivity", "--results", str(results), "--gpus", "2"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "throughput-interactivity.png")
+    assert main(["plot", "cost", "--results", str(results)]) == 2
+    assert "needs --gpu-hour-usd" in capsys.readouterr().err
+    assert main(["plot", "cost", "--results", str(results), "--gpu-hour-usd", "2.5"]) == 0
+    assert (tmp_path / "cost.png").stat().st_size > 1000
+    assert main(["plot", "latency-throughput", "--results", str(results), "--slo", "ttft:x"]) == 2

@@ -14,6 +14,8 @@ def _shorten(sc) -> list[str]:
     wl = sc.raw["workload"]
     if "trace" in wl:
         return ["workload.trace.max_requests=3"]
+    if "bench" in wl:
+        return ["workload.bench.num_prompts=4"]
     return ["workload.num_requests=4"]
 
 

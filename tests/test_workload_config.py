@@ -46,7 +46,7 @@ def test_bool_is_not_an_integer():
 
 def test_unknown_key_lists_allowed_keys():
     assert error_of({"arival": {"type": "poisson", "rate": 1}}) == (
-        "workload.arival: unknown key (allowed: arrival, beam_width, cache_salt, n, num_requests, "
+        "workload.arival: unknown key (allowed: arrival, beam_width, bench, cache_salt, n, num_requests, "
         "output_len, prefix, priority, prompt_len, requests_file, sessions, trace)")
 
 

@@ -273,3 +273,59 @@ def test_same_trace_config_and_seed_give_identical_requests():
     a = [(s.arrival_time_s, s.prompt_token_ids.tolist(), s.priority) for s in workload(config, **extra).requests()]
     b = [(s.arrival_time_s, s.prompt_token_ids.tolist(), s.priority) for s in workload(config, **extra).requests()]
     assert a == b
+
+
+# --- Mooncake sessions (AIPerf's session_id / delay): agent turns wait for earlier ones -------
+
+SESSION_ROWS = [
+    '{"session_id": "a", "timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}',
+    '{"timestamp": 500, "input_length": 100, "output_length": 2, "hash_ids": [9]}',
+    '{"session_id": "a", "delay": 2000, "input_length": 1100, "output_length": 3, "hash_ids": [1, 2, 3]}',
+    '{"session_id": "b", "timestamp": 1000, "input_length": 10, "output_length": 1, "hash_ids": [5]}',
+    '{"session_id": "a", "input_length": 1600, "output_length": 3, "hash_ids": [1, 2, 3, 4]}',
+]
+
+
+def session_trace(tmp_path, rows=SESSION_ROWS):
+    (tmp_path / "agent.jsonl").write_text("\n".join(rows) + "\n")
+    return {"format": "mooncake", "path": "agent.jsonl"}
+
+
+def test_a_later_session_turn_waits_for_the_previous_turn_plus_its_delay(tmp_path):
+    specs = list(workload(session_trace(tmp_path), base_dir=tmp_path).requests())
+    got = [(s.request_id, s.arrival_time_s, s.num_prompt_tokens, s.after_request_id, s.think_time_s)
+           for s in specs]
+    # Sorted by time, stably: a later turn carries its session's start, so it stays behind its turn 1.
+    assert got == [("r0", 0.0, 600, None, 0.0), ("r1", 0.0, 1100, "r0", 2.0), ("r2", 0.0, 1600, "r1", 0.0),
+                   ("r3", 0.5, 100, None, 0.0), ("r4", 1.0, 10, None, 0.0)]
+
+
+def test_session_turns_run_one_after_another_in_a_simulation(tmp_path):
+    from kvsim.scenario.simulate import simulate
+    result = simulate({"model": "llama-3.1-8b", "engine": {"max_model_len": 4096},
+                       "cost_model": {"type": "constant", "step_time_s": 0.1},
+                       "workload": {"trace": session_trace(tmp_path)}, "base_dir": str(tmp_path)})
+    req = result.requests.set_index("request_id")
+    assert req.loc["r1", "arrival_time_s"] == pytest.approx(req.loc["r0", "finish_time_s"] + 2.0)
+    assert req.loc["r2", "arrival_time_s"] == pytest.approx(req.loc["r1", "finish_time_s"])
+    # Turn 2 starts with turn 1's 600 prompt tokens: 37 full KV blocks of 16 hit.
+    assert req.loc["r1", "num_cached_tokens"] == 37 * 16
+
+
+def test_cutting_a_session_drops_the_turns_that_wait_on_what_was_cut(tmp_path):
+    specs = list(workload({**session_trace(tmp_path), "offset": 1}, base_dir=tmp_path).requests())
+    assert [(s.num_prompt_tokens, s.after_request_id) for s in specs] == [(100, None), (10, None)]
+
+
+def test_a_timestamp_on_a_later_session_turn_is_refused(tmp_path):
+    rows = SESSION_ROWS[:1] + ['{"session_id": "a", "timestamp": 9, "input_length": 10, '
+                               '"output_length": 1, "hash_ids": [7]}']
+    with pytest.raises(ValueError) as info:
+        workload(session_trace(tmp_path, rows), base_dir=tmp_path)
+    assert str(info.value) == (f"{tmp_path / 'agent.jsonl'} line 2: a later turn of session 'a' is sent "
+                               f"after the previous turn finishes; give its delay (ms), not a timestamp")
+
+
+def test_a_session_trace_in_a_closed_loop_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="a session trace .* needs an open-loop arrival"):
+        workload(session_trace(tmp_path), base_dir=tmp_path, arrival={"type": "closed_loop", "concurrency": 2})

@@ -16,7 +16,7 @@ from kvsim.bench.workloads import DEFAULT_OUT, DEFAULT_SCENARIOS, TARGETS, WORKL
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "bench", help="speed benchmarks; write reports/performance.md",
+        "bench", help="speed benchmarks: out/performance.md (reports/ with --update-reports)",
         description="Run the reference workloads of scenarios/bench/ (W1: Azure conversation 10k; "
                     "W2: Mooncake 12k, 70B TP4; W3: 100-point sweep; W4: 1M synthetic, streaming), "
                     "each in fresh processes, and write the timings, peak memory, the ratio to the "
@@ -41,14 +41,19 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cut every workload to its first N requests (smoke tests; targets then do not apply)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
                    help="sweep workers for W3 (default: every core this process may use)")
-    p.add_argument("--out", default=str(DEFAULT_OUT), metavar="FILE.md",
-                   help="report to write (default reports/performance.md)")
+    p.add_argument("--out", default=None, metavar="FILE.md",
+                   help="report to write (default out/performance.md; with --update-reports: "
+                        "reports/performance.md)")
+    p.add_argument("--update-reports", action="store_true",
+                   help="rewrite the tracked reports/performance.md of the repository")
     p.add_argument("--scenarios", default=str(DEFAULT_SCENARIOS), metavar="DIR",
                    help="folder of the workload scenarios w1.yaml .. w4.yaml (default "
                         "scenarios/bench, i.e. run from the repository root)")
 
 
 def bench_command(args: argparse.Namespace, *, log=print) -> int:
+    if args.out is None:     # the tracked report only on request: a plain run leaves the tree clean
+        args.out = str(DEFAULT_OUT if args.update_reports else Path("out") / "performance.md")
     names = [n.upper() for n in args.workloads] or list(WORKLOADS)
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
@@ -109,7 +114,9 @@ def _argv_text(args: argparse.Namespace) -> list[str]:
         parts += ["--requests", str(args.requests)]
     if args.workers is not None:
         parts += ["--workers", str(args.workers)]
-    if Path(args.out).resolve() != DEFAULT_OUT.resolve():
+    if Path(args.out).resolve() == DEFAULT_OUT.resolve():
+        parts.append("--update-reports")
+    elif Path(args.out) != Path("out") / "performance.md":
         parts += ["--out", args.out]
     scenarios = getattr(args, "scenarios", str(DEFAULT_SCENARIOS))
     if Path(scenarios).resolve() != DEFAULT_SCENARIOS.resolve():

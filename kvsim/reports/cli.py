@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from kvsim.reports import DEFAULT_SCENARIOS, REPORTS
 
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "report", help="regenerate the known-result reports in reports/",
+        "report", help="known-result reports: out/reports/ (reports/ with --update-reports)",
         description="Run the known-result scenarios and write OUT/<name>.md (claim, simulated vs "
                     "published numbers, verdict, figure) and OUT/README.md. Reports: "
                     + ", ".join(REPORTS) + ".")
     p.add_argument("names", nargs="*", metavar="NAME", help="reports to run (default: all)")
     p.add_argument("--fast", action="store_true", help="shrink workloads (what the tests run)")
-    p.add_argument("--out", default="reports", metavar="DIR", help="output folder (default: reports)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="output folder (default: out/reports; with --update-reports: reports/)")
+    p.add_argument("--update-reports", action="store_true",
+                   help="rewrite the tracked reports/ of the repository")
     p.add_argument("--scenarios", default=str(DEFAULT_SCENARIOS), metavar="DIR",
                    help="folder of the reports' scenarios, NAME.yaml each (default: scenarios, "
                         "i.e. run from the repository root)")
@@ -24,5 +28,7 @@ def add_parser(subparsers) -> None:
 
 def _command(args: argparse.Namespace) -> int:
     from kvsim.reports import run_reports
-    run_reports(args.names, args.out, fast=args.fast, scenarios=args.scenarios, log=print)
+    # The tracked reports/ only on request: a plain run leaves the work tree clean.
+    out = args.out or ("reports" if args.update_reports else str(Path("out") / "reports"))
+    run_reports(args.names, out, fast=args.fast, scenarios=args.scenarios, log=print)
     return 0   # a report that differs is a finding, not a failure of the command

@@ -41,9 +41,20 @@ def add_parser(subparsers) -> None:
     p.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
                    help="override a value, e.g. --set engine.max_num_batched_tokens=512 "
                         "(value read as YAML); repeatable")
+    # vLLM command lines (kvsim/scenario/vllm_args); --set still wins over them.
+    p.add_argument("--serve-args", metavar="'FLAGS'",
+                   help="`vllm serve` flags, e.g. '--max-num-seqs 128 -tp 2' (docs/vllm.md)")
+    p.add_argument("--bench-args", metavar="'FLAGS'",
+                   help="`vllm bench serve` flags: replace the workload (docs/vllm.md)")
+    p.add_argument("--ignore-unsupported", action="store_true",
+                   help="with --serve-args/--bench-args: skip (and list) flags kvsim does not model")
     p.add_argument("--trace", metavar="FILE.jsonl",
                    help="write the step trace (one JSON object per engine step)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--save-detailed", action="store_true",
+                   help="bench_serve.json with per-request lists, as vllm bench serve --save-detailed")
+    p.add_argument("--scrape-interval", type=float, default=1.0, metavar="S",
+                   help="metrics.csv: simulated seconds between Prometheus scrapes (default 1)")
     # Everything is written and closed when run_command returns: skip the
     # interpreter's teardown when run as a program (kvsim/cli.py).
     p.set_defaults(func=run_command, exit_without_cleanup=True)
@@ -64,13 +75,18 @@ def _run(args: argparse.Namespace) -> int:
     from kvsim.scenario.loader import load_scenario
     from kvsim.scenario.outputs import atomic_open, check_output_dir, check_output_file, summary_json
     from kvsim.scenario.run_progress import terminal_progress
+    from kvsim.scenario.schema import parse_overrides
     from kvsim.scenario.simulate import RUN_FILES, simulate
+    from kvsim.scenario.vllm_args import cli_overrides
+    from kvsim.vllm_outputs import VLLM_FILES, write_vllm_outputs
 
     t0 = time.perf_counter()
-    sc = load_scenario(args.scenario, overrides=args.overrides)
+    overrides = cli_overrides(args.serve_args, args.bench_args, log=lambda line: print(line, file=sys.stderr),
+                              ignore_unsupported=args.ignore_unsupported)
+    sc = load_scenario(args.scenario, overrides=overrides + parse_overrides(args.overrides))
     # Outputs are checked before the simulation, not found broken after it.
     if args.out:
-        check_output_dir(args.out, files=RUN_FILES)
+        check_output_dir(args.out, files=RUN_FILES + VLLM_FILES)
     if args.trace:
         check_output_file(args.trace, option="--trace")
     for note in _notes(sc, args.scenario):
@@ -90,8 +106,14 @@ def _run(args: argparse.Namespace) -> int:
             wall = time.perf_counter() - t0
             # Inside the block: if the results cannot be written, the trace is
             # discarded too, and every old file stays as it was.
+            written = []
             if args.out:
                 result.write(args.out)
+                extra, out_notes = write_vllm_outputs(result, args.out, detailed=args.save_detailed,
+                                                      interval_s=args.scrape_interval)
+                written = [*RUN_FILES, *extra]
+                for note in out_notes:
+                    print(f"kvsim run: note: {note}", file=sys.stderr)
     except RuntimeError as exc:
         # The engine stopped (vLLM aborts the same way, e.g. when swap space runs out);
         # the trace's temporary file is gone with the exception.
@@ -105,13 +127,16 @@ def _run(args: argparse.Namespace) -> int:
         print(summary_json(summary), end="")
     else:
         print(format_summary(summary))
-        where = f"; wrote {Path(args.out) / 'summary.json'}, requests.csv, steps.csv" if args.out else ""
         num_requests = int(summary.get("completed", 0)) + int(summary.get("failed", 0))
         steps = f", {len(result.steps)} steps"
         if sc.scenario.metrics.streaming:
             steps = " (streaming metrics)"
-        print(f"simulated {num_requests} requests{steps} in {wall:.2f} s wall{where}",
+        simulated = summary.get("duration")
+        simulated = f"{simulated:.2f} s" if isinstance(simulated, float) and simulated == simulated else "n/a"
+        print(f"simulated time {simulated} ({num_requests} requests{steps}); wall time {wall:.2f} s",
               file=sys.stderr)
+        if written:
+            print(f"wrote {Path(args.out)}/: {', '.join(written)}", file=sys.stderr)
     return _report_failures(result, streaming=sc.scenario.metrics.streaming)
 
 

@@ -62,6 +62,16 @@ class EngineSection(_Section):
     watermark: float | None = Field(None, ge=0.0, lt=1.0)
     scheduler_reserve_full_isl: bool = True
     debug: bool = False
+    serve_args: str | None = Field(None, description="`vllm serve` flags, expanded into the keys "
+                                                      "above when the file is read (docs/vllm.md)")
+
+    @field_validator("serve_args")
+    @classmethod
+    def _serve_args_expanded(cls, v):
+        # read_scenario_dict expands it; one given later (--set) would be ignored.
+        if v is not None:
+            raise ValueError("give vllm serve flags in the scenario file or with --serve-args, not with --set")
+        return v
 
 
 class SloSection(_Section):
@@ -164,6 +174,15 @@ def parse_overrides(items: list[str] | None) -> list[tuple[str, Any]]:
     return out
 
 
+def _expand_vllm_args(data: dict) -> dict:
+    """``engine.serve_args`` / ``workload.bench_args`` -> the keys they set (kvsim/scenario/vllm_args)."""
+    from kvsim.scenario.vllm_args import VllmArgsError, expand_scenario_args
+    try:
+        return expand_scenario_args(data)
+    except VllmArgsError as exc:
+        raise ScenarioError(str(exc)) from None
+
+
 def read_scenario_dict(path_or_dict: str | Path | dict, *, overrides=None) -> tuple[dict, Path]:
     """The raw mapping (with overrides applied) and the folder paths resolve against."""
     if isinstance(path_or_dict, dict):
@@ -186,6 +205,7 @@ def read_scenario_dict(path_or_dict: str | Path | dict, *, overrides=None) -> tu
         if not isinstance(data, dict):
             raise ScenarioError(f"{path}: a scenario must be a YAML mapping, got {type(data).__name__}")
         base = path.parent.resolve()
+    data = _expand_vllm_args(data)
     for key, value in overrides or ():
         if key.split(".")[0] not in SECTIONS:
             raise ScenarioError(f"{key}: unknown section {key.split('.')[0]!r}; "

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from kvsim.workload.bench import bench_arrival_times, bench_requests, bench_table
 from kvsim.workload.config import (ClosedLoopArrival, WorkloadConfig, format_validation_error,
                                    parse_workload_config, resolve_path)
 from kvsim.workload.lengths import LengthSampler
@@ -73,8 +74,25 @@ def build_workload(config: WorkloadConfig | dict, *, rng: np.random.Generator,
         specs = read_requests_file(path)
         return Workload(len(specs), None, lambda: iter(specs))
 
+    if config.kind == "bench":
+        bench = config.bench
+        # vLLM's --seed seeds the dataset and the send times directly; without
+        # one, the number drawn from the run's generator does.
+        bench_seed = bench.seed if bench.seed is not None else seed % 2**32
+        table = bench_table(bench, seed=bench_seed, base_dir=base_dir)
+        times = bench_arrival_times(bench, len(table), bench_seed, table.timestamps)
+        # With every request sent at t=0, vLLM's --max-concurrency semaphore is a
+        # closed loop of that many clients (bench_config refuses it otherwise).
+        return Workload(len(table), bench.max_concurrency,
+                        lambda: bench_requests(bench, table, times))
+
     if config.kind == "trace":
         table = read_trace(config.trace, base_dir=base_dir)
+        if table.after is not None and (concurrency or config.n > 1 or config.beam_width > 1):
+            # A later turn waits for one named request: a closed loop would release it
+            # early, and n > 1 copies would leave it waiting on a name that never finishes.
+            raise ValueError(f"workload.trace.path = {config.trace.path!r}: a session trace (rows with "
+                             f"session_id) needs an open-loop arrival, n: 1 and beam_width: 1")
         return Workload(len(table), _cap(concurrency, len(table)), lambda: trace_requests(
             table, arrival=arrival, seed=seed, priority=config.priority,
             cache_salt=config.cache_salt, n=config.n, beam_width=config.beam_width,

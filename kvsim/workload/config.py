@@ -1,10 +1,11 @@
 """The scenario's ``workload:`` section: pydantic models, defaults, validation.
 
-Three kinds of workload, chosen by which key is present (see docs/workloads.md):
+Four kinds of workload, chosen by which key is present (see docs/workloads.md):
 
     workload: {num_requests, arrival, prompt_len, output_len, prefix, sessions, ...}   # synthetic
     workload: {trace: {format, path, max_requests, time_scale, offset}, arrival?, ...}  # real trace
     workload: {requests_file: PATH}                                                      # explicit requests
+    workload: {bench: {dataset_name, request_rate, ...}}              # vllm bench serve (bench_config.py)
 
 Every model forbids unknown keys and is strict about types (a quoted ``"4"`` is
 not a number), so a typo fails before any simulation starts. Use
@@ -27,6 +28,8 @@ from typing import Annotated, Literal, Union
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError,
                       model_validator)
 from pydantic_core import PydanticCustomError
+
+from kvsim.workload.bench_config import BenchConfig
 
 
 class _Section(BaseModel):
@@ -195,16 +198,23 @@ class WorkloadConfig(_Section):
     cache_salt: str | None = None
     trace: TraceConfig | None = None
     requests_file: str | None = Field(None, min_length=1)
+    bench: BenchConfig | None = None
 
     @property
-    def kind(self) -> Literal["synthetic", "trace", "requests_file"]:
+    def kind(self) -> Literal["synthetic", "trace", "requests_file", "bench"]:
         if self.requests_file is not None:
             return "requests_file"
+        if self.bench is not None:
+            return "bench"
         return "trace" if self.trace is not None else "synthetic"
 
     @model_validator(mode="after")
     def _one_kind_of_workload(self):
         given = self.model_fields_set
+        others = sorted(given - {"bench"})
+        if self.bench is not None and others:
+            raise _conflict(others[0], ": not allowed with bench (vllm bench serve's options give the "
+                                       "whole workload); remove it or remove bench")
         extra = sorted(given - set(REQUESTS_FILE_KEYS))
         if self.requests_file is not None and extra:
             raise _conflict(extra[0], ": not allowed with requests_file (the file gives every request); "

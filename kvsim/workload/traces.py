@@ -10,7 +10,9 @@ Formats (files in ``../shared/data/traces/``, see its README):
 * ``azure``: Azure LLM inference 2023 CSV ``TIMESTAMP,ContextTokens,GeneratedTokens``
   (Splitwise, ISCA 2024); timestamps are date-time strings.
 * ``mooncake``: Mooncake FAST'25 JSONL ``timestamp`` (ms), ``input_length``,
-  ``output_length``, ``hash_ids`` (one id per 512-token block, equal ids = equal content).
+  ``output_length``, ``hash_ids`` (one id per 512-token block, equal ids = equal content);
+  rows with ``session_id`` (and ``delay``, ms) are turns that wait for the previous
+  turn of their session (agents, tool calls), as in AIPerf's Mooncake format.
 * ``vidur``: Vidur trace CSV with ``arrived_at`` (s), ``num_prefill_tokens``,
   ``num_decode_tokens`` (other columns are ignored).
 * ``sharegpt``: ShareGPT JSON ``[{"id", "conversations": [{"from", "value"}, ...]}]``;
@@ -40,19 +42,48 @@ from kvsim.workload.tokens import (MAX_MOONCAKE_HASH_ID, MOONCAKE_BLOCK_TOKENS, 
 
 @dataclass(frozen=True)
 class TraceTable:
-    """One row per request; ``hash_ids`` only for Mooncake (else ``None``)."""
+    """One row per request; ``hash_ids`` only for Mooncake (else ``None``).
+
+    Session traces (Mooncake rows with ``session_id``) also give, per row, the
+    row of the previous turn it waits for (``after``, -1 for none) and how long
+    after that turn finishes it is sent (``delay_s``).
+    """
     arrival_time_s: np.ndarray        # float64
     num_prompt_tokens: np.ndarray     # int64, >= 1
     num_output_tokens: np.ndarray     # int64, >= 1
     hash_ids: list[list[int]] | None = None   # turned into token ids only when yielded
+    after: np.ndarray | None = None   # int64 row index, -1: sent at its arrival time
+    delay_s: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_time_s)
 
     def take(self, rows: np.ndarray) -> "TraceTable":
+        """The rows ``rows`` in that order; a turn whose previous turn is not kept is dropped too."""
+        if self.after is not None:
+            rows = _keep_whole_chains(rows, self.after)
         hash_ids = None if self.hash_ids is None else [self.hash_ids[i] for i in rows.tolist()]
+        after = delay = None
+        if self.after is not None:
+            position = np.full(len(self.after), -1, dtype=np.int64)
+            position[rows] = np.arange(len(rows))
+            old = self.after[rows]
+            after = np.where(old >= 0, position[np.maximum(old, 0)], -1)
+            delay = self.delay_s[rows]
         return TraceTable(self.arrival_time_s[rows], self.num_prompt_tokens[rows],
-                          self.num_output_tokens[rows], hash_ids)
+                          self.num_output_tokens[rows], hash_ids, after, delay)
+
+
+def _keep_whole_chains(rows: np.ndarray, after: np.ndarray) -> np.ndarray:
+    """``rows`` less every turn whose previous turn is not among the kept ones (or comes later)."""
+    kept = np.zeros(len(after), dtype=bool)
+    keep = []
+    for r in rows.tolist():
+        previous = int(after[r])
+        if previous < 0 or kept[previous]:
+            kept[r] = True
+            keep.append(r)
+    return np.asarray(keep, dtype=np.int64)
 
 
 def read_trace(config: TraceConfig, *, base_dir: Path | None, yaml_path: str = "workload.trace") -> TraceTable:
@@ -87,7 +118,9 @@ def select(table: TraceTable, config: TraceConfig) -> TraceTable:
             raise ValueError(f"workload.trace.time_scale = {config.time_scale:g}: the trace spans "
                              f"{table.arrival_time_s[-1] - table.arrival_time_s[0]:g} s, which "
                              f"scaled overflows to an infinite time; use a smaller time_scale")
-    return TraceTable(times, table.num_prompt_tokens, table.num_output_tokens, table.hash_ids)
+    delay = None if table.delay_s is None else table.delay_s * config.time_scale
+    return TraceTable(times, table.num_prompt_tokens, table.num_output_tokens, table.hash_ids,
+                      table.after, delay)
 
 
 def read_azure(path: Path) -> TraceTable:
@@ -115,6 +148,33 @@ def read_vidur(path: Path) -> TraceTable:
 
 
 def read_mooncake(path: Path) -> TraceTable:
+    """A Mooncake JSONL trace; rows with ``session_id`` are the turns of an agent or chat session.
+
+    A session (AIPerf's Mooncake format, ``ai-dynamo/aiperf``
+    ``dataset/loader/models.py`` ``MooncakeTrace``) is the rows sharing a
+    ``session_id``, in file order: the first is sent at its ``timestamp`` (ms,
+    default 0); each later one ``delay`` ms (default 0) after the previous turn
+    of its session finishes, and carries no timestamp of its own. Its arrival
+    time in the table is its session's start.
+    """
+    rows = _mooncake_rows(path)
+    times = np.asarray([r[0] for r in rows], dtype=float) / 1000.0   # the trace's timestamps are ms
+    after = np.asarray([r[4] for r in rows], dtype=np.int64)
+    sessions = bool(len(after)) and bool((after >= 0).any())
+    return TraceTable(times, np.asarray([r[1] for r in rows], dtype=np.int64),
+                      np.maximum(np.asarray([r[2] for r in rows], dtype=np.int64), 1),
+                      [r[3] for r in rows],
+                      after=after if sessions else None,
+                      delay_s=np.asarray([r[5] for r in rows], dtype=float) / 1000.0 if sessions else None)
+
+
+def mooncake_timestamps(path: Path) -> np.ndarray:
+    """The ``timestamp`` of every row as written (no unit change), for vLLM's timed_trace."""
+    return np.asarray([r[0] for r in _mooncake_rows(path)], dtype=float)
+
+
+def _mooncake_rows(path: Path) -> list[tuple]:
+    """(timestamp, input_length, output_length, hash_ids, previous turn's row or -1, delay ms)."""
     with open(path, encoding="utf-8") as f:
         numbered = [(number, line) for number, line in enumerate(f, start=1) if line.strip()]
     try:
@@ -122,16 +182,21 @@ def read_mooncake(path: Path) -> TraceTable:
         rows = json.loads("[" + ",".join(line for _, line in numbered) + "]")
     except json.JSONDecodeError:
         rows = [_mooncake_row(line, path, number) for number, line in numbered]
-    times, prompts, outputs, hashes = [], [], [], []
-    for (number, _), row in zip(numbered, rows):
+    out = []
+    last_of_session: dict[str, int] = {}
+    for i, ((number, _), row) in enumerate(zip(numbered, rows)):
         where = f"{path} line {number}"
         try:
-            ts, n_in, n_out, ids = row["timestamp"], row["input_length"], row["output_length"], row["hash_ids"]
-        except (KeyError, TypeError):
+            n_in, n_out, ids = row["input_length"], row["output_length"], row["hash_ids"]
+            session = row.get("session_id")
+            ts = row["timestamp"] if session is None else row.get("timestamp", 0)
+        except (KeyError, TypeError, AttributeError):
             raise ValueError(f"{where}: expected a JSON object with timestamp, input_length, "
                              f"output_length, hash_ids; got {str(row)[:80]}") from None
         if not isinstance(n_in, int) or n_in < 1:
             raise ValueError(f"{where}: input_length = {n_in!r}; must be an integer >= 1")
+        if not isinstance(ids, list) or not ids or not all(isinstance(h, int) for h in ids):
+            raise ValueError(f"{where}: hash_ids must be a non-empty list of integers")
         num_blocks = len(ids)
         # The last block may be partial; any other mismatch means the row is broken.
         if not MOONCAKE_BLOCK_TOKENS * (num_blocks - 1) < n_in <= MOONCAKE_BLOCK_TOKENS * num_blocks:
@@ -140,16 +205,22 @@ def read_mooncake(path: Path) -> TraceTable:
                              f"input_length <= {MOONCAKE_BLOCK_TOKENS}*k)")
         if min(ids) < 0 or max(ids) > MAX_MOONCAKE_HASH_ID:
             raise ValueError(f"{where}: hash_ids must be integers in 0..{MAX_MOONCAKE_HASH_ID}")
-        times.append(ts)
-        prompts.append(n_in)
-        outputs.append(n_out)
-        hashes.append(ids)
-    try:
-        seconds = np.asarray(times, dtype=float) / 1000.0  # the trace's timestamps are milliseconds
-        num_outputs = np.asarray(outputs, dtype=np.int64)
-    except (TypeError, ValueError):
-        raise ValueError(f"{path}: timestamp and output_length must be numbers") from None
-    return TraceTable(seconds, np.asarray(prompts, dtype=np.int64), np.maximum(num_outputs, 1), hashes)
+        previous, delay = -1, row.get("delay", 0) if isinstance(row, dict) else 0
+        if session is not None:
+            session = str(session)
+            previous = last_of_session.get(session, -1)
+            last_of_session[session] = i
+            if previous >= 0:
+                if "timestamp" in row:
+                    raise ValueError(f"{where}: a later turn of session {session!r} is sent after the "
+                                     f"previous turn finishes; give its delay (ms), not a timestamp")
+                ts = out[previous][0]            # its session's start
+        if not isinstance(delay, (int, float)) or isinstance(delay, bool) or delay < 0:
+            raise ValueError(f"{where}: delay = {delay!r}; must be a number of milliseconds >= 0")
+        if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not isinstance(n_out, (int, float)):
+            raise ValueError(f"{where}: timestamp and output_length must be numbers")
+        out.append((ts, n_in, n_out, ids, previous, delay))
+    return out
 
 
 def _mooncake_row(line: str, path: Path, number: int) -> dict:
@@ -198,6 +269,8 @@ def trace_requests(table: TraceTable, *, arrival: ArrivalConfig | None, seed: in
     num_prompts, num_outputs = table.num_prompt_tokens.tolist(), table.num_output_tokens.tolist()
     starts = None if table.hash_ids is not None else TokenCounter().take_starts(table.num_prompt_tokens).tolist()
     limit = np.inf if max_prompt_len is None else max_prompt_len
+    after = None if table.after is None else table.after.tolist()
+    delays = None if table.delay_s is None else table.delay_s.tolist()
     for i in range(count):
         if num_prompts[i] > limit:
             prompt = unrun_prompt(num_prompts[i])     # the engine refuses it unread
@@ -205,11 +278,14 @@ def trace_requests(table: TraceTable, *, arrival: ArrivalConfig | None, seed: in
             prompt = mooncake_block_tokens(table.hash_ids[i], num_prompts[i])
         else:
             prompt = np.arange(starts[i], starts[i] + num_prompts[i], dtype=np.int64)
+        previous = -1 if after is None else after[i]
         yield RequestSpec(request_id=f"r{i}", arrival_time_s=times[i], prompt_token_ids=prompt,
                           max_tokens=num_outputs[i], priority=priorities[i],
                           cache_salt=cache_salt, n=n, beam_width=beam_width,
                           fresh_prompt_start=None if starts is None else starts[i],
-                          prompt_block_ids=None if starts is not None else table.hash_ids[i])
+                          prompt_block_ids=None if starts is not None else table.hash_ids[i],
+                          after_request_id=f"r{previous}" if previous >= 0 else None,
+                          think_time_s=delays[i] if previous >= 0 else 0.0)
 
 
 def _read_csv(path: Path, columns: list[str]) -> pd.DataFrame:
