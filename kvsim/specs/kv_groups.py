@@ -285,3 +285,45 @@ def _is_uniform_type(specs: list[LayerKVSpec]) -> bool:
                    for s in specs)
     return all(s.kind == MAMBA and s.page_size_bytes == first.page_size_bytes
                and s.num_speculative_blocks == first.num_speculative_blocks for s in specs)
+
+
+# ---------------------------------------------------------------------- from a model
+def model_layer_specs(model, block_size: int, kv_cache_dtype: str = "auto", tp: int = 1,
+                      mamba_cache_mode: str = "none",
+                      num_speculative_tokens: int = 0) -> tuple[list[LayerKVSpec], int]:
+    """Each layer's spec as vLLM's model runner makes it, and the attention block size.
+
+    Attention layers (``Attention.get_kv_cache_spec``): a page of
+    ``block_size x kv_bytes_per_token_layer``; sliding layers keep the primary
+    block size (the FlashAttention kernel runs it unsplit). Linear-attention
+    layers (``MambaBase.get_kv_cache_spec``) hold the Gated DeltaNet state.
+    For a model with both, vLLM first raises the attention block size until
+    one attention page holds a state, then pads the state to that page
+    (``Platform._align_hybrid_block_size``): Qwen3-Next at tp=1 gets
+    544-token blocks.
+    """
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    per_token = model.kv_bytes_per_token_layer(kv_cache_dtype, tp)
+    state = model.linear_state_bytes(tp)
+    if state:
+        align = max(KERNEL_BLOCK_ALIGNMENT, block_size)
+        needed = align * math.ceil(state / (align * per_token))
+        needed = KERNEL_BLOCK_ALIGNMENT * math.ceil(needed / KERNEL_BLOCK_ALIGNMENT)
+        block_size = max(block_size, needed)
+    page = block_size * per_token
+    specs = []
+    for kind in model.layer_types:
+        if kind == "full_attention":
+            specs.append(LayerKVSpec(FULL, block_size, page))
+        elif kind == "sliding_attention":
+            specs.append(LayerKVSpec(SLIDING, block_size, page,
+                                     sliding_window=model.sliding_window))
+        elif kind == "chunked_attention":
+            specs.append(LayerKVSpec(CHUNKED, block_size, page,
+                                     attention_chunk_size=model.attention_chunk_size))
+        else:
+            specs.append(LayerKVSpec(MAMBA, block_size, max(page, state),
+                                     mamba_cache_mode=mamba_cache_mode,
+                                     num_speculative_blocks=num_speculative_tokens))
+    return specs, block_size
