@@ -89,4 +89,4 @@ def test_unparsable_number_is_one_line_and_exit_2(capsys):
         main(["capacity", "--model", "llama-3.1-8b", "--gpu", "h100", "--tp", "two"])
     err = capsys.readouterr().err
     assert exc.value.code == 2
-    assert err == "kvsim capacity: error: argument --tp: invalid int value: 'two'\n"
+    assert err == "kvsim capacity: error: argument --tp/--tensor-parallel-size: invalid int value: 'two'\n"
