@@ -196,7 +196,8 @@ def rank_shapes(model, tp: int = 1, kv_cache_dtype: str = "auto", parallel=None)
         rope_width = q_heads * rope_dim + rope_dim
         o_in = q_heads * v_dim
     else:
-        ops.append(_gemm("qkv_proj", n_attn, h, (q_heads + 2 * kv_heads) * hd, db, wdb))
+        q_out = q_heads * (2 if getattr(model, "attn_output_gate", False) else 1)  # + the gate
+        ops.append(_gemm("qkv_proj", n_attn, h, (q_out + 2 * kv_heads) * hd, db, wdb))
         attn_flops_pair = 4.0 * q_heads * hd          # QK^T and PV
         rope_width = (q_heads + kv_heads) * hd
         o_in = q_heads * hd

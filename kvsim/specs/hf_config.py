@@ -107,6 +107,8 @@ def model_from_hf_config(config: Mapping[str, Any], default_name: str = "custom-
         **_moe_fields(cfg, intermediate, is_llama4, need),
         **_layer_fields(cfg, layers, name),
         **_quant_fields(cfg, name),
+        **({"attn_output_gate": True} if cfg.get("attn_output_gate") or model_type == "qwen3_next"
+           else {}),
     )
 
 

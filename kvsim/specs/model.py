@@ -75,6 +75,8 @@ class ModelSpec:
 
     ``learned_position_embeddings`` is the row count of a learned positional
     table (OPT: max_position_embeddings + 2); 0 for RoPE models.
+    ``attn_output_gate`` (Qwen3-Next) doubles q_proj: a sigmoid gate per query
+    channel multiplies the attention output.
     """
 
     name: str
@@ -109,6 +111,7 @@ class ModelSpec:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
+    attn_output_gate: bool = False
     weight_dtype_bytes: float | None = None
     expert_dtype_bytes: float | None = None
     source: str = ""
@@ -309,7 +312,7 @@ class ModelSpec:
             kv_b = self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
             o = heads * self.v_head_dim * h
             return q + kv_b + o, q_repl + kv_a
-        q = h * self.num_attention_heads * self.head_dim
+        q = h * self.num_attention_heads * self.head_dim * (2 if self.attn_output_gate else 1)
         kv = 2 * h * self.num_kv_heads * self.head_dim
         o = self.num_attention_heads * self.head_dim * h
         return q + kv + o, 0
@@ -392,7 +395,7 @@ class ModelSpec:
             split, repl = self._attention_params()
             per_layer = split / tp + repl
         else:
-            q_o = 2 * h * self.num_attention_heads * self.head_dim
+            q_o = (3 if self.attn_output_gate else 2) * h * self.num_attention_heads * self.head_dim
             kv = 2 * h * self.kv_heads_per_rank(tp) * self.head_dim
             per_layer = q_o / tp + kv
         n_attn = self.num_kv_layers
