@@ -193,7 +193,7 @@ def load_model(spec: str | Mapping[str, Any] | ModelSpec) -> ModelSpec:
 
 def model_from_mapping(mapping: Mapping[str, Any], default_name: str = "custom-model") -> ModelSpec:
     """A :class:`ModelSpec` from its fields, ``base: NAME`` plus changes, or a HF config.json."""
-    if "num_hidden_layers" in mapping and "base" not in mapping:
+    if _is_hf_config(mapping) and "base" not in mapping:
         return model_from_hf_config(mapping, default_name=default_name)
     data = dict(mapping)
     if "base" in data:
@@ -216,6 +216,12 @@ def model_from_mapping(mapping: Mapping[str, Any], default_name: str = "custom-m
         return ModelSpec(name=name, **data)
     except TypeError as exc:  # defensive: a field of the wrong kind
         raise ValueError(f"model {name}: {exc}") from None
+
+
+def _is_hf_config(mapping: Mapping[str, Any]) -> bool:
+    """A Hugging Face config.json: its own layer-count key, or a multimodal text_config."""
+    return ("num_hidden_layers" in mapping or isinstance(mapping.get("text_config"), Mapping)
+            or "model_type" in mapping or "architectures" in mapping)
 
 
 def _read_mapping(path: Path) -> dict:
