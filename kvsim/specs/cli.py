@@ -136,9 +136,12 @@ def format_capacity(cap: KVCapacity, seq_len: int | None = None, budget_source: 
     ]
     parts = cap.weight_bytes_by_part or {}
     if cap.num_local_experts:
-        experts = (f"{cap.num_local_experts} whole experts per GPU" if cap.enable_expert_parallel
-                   and cap.expert_parallel_size > 1 else
-                   f"every expert, 1/{cap.tp * cap.dp} of its width")
+        if cap.expert_parallel_size > 1:
+            experts = f"{cap.num_local_experts} whole experts per GPU"
+        elif cap.tp * cap.dp > 1:
+            experts = f"every expert, 1/{cap.tp * cap.dp} of its width"
+        else:
+            experts = f"all {cap.num_local_experts} experts"
         rows.append(("  routed experts", _gib(parts.get("experts", 0)), experts))
         rows.append(("  attention, dense MLP, shared experts, embeddings",
                      _gib(cap.weight_bytes - parts.get("experts", 0)), f"split tp={cap.tp}"))
