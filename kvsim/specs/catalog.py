@@ -5,7 +5,8 @@
 * a catalog name (``h100-sxm``, ``llama-3.1-8b``; case-insensitive, ``_`` and
   spaces read as ``-``), or an alias listed in the catalog;
 * a mapping with the dataclass fields (``memory_gib``/``memory_mib`` may
-  replace ``memory_bytes`` for a GPU);
+  replace ``memory_bytes`` for a GPU), or ``base: NAME`` and the fields that
+  differ from that catalog entry;
 * a path to a YAML/JSON file holding such a mapping, or, for a model, a
   Hugging Face ``config.json``.
 
@@ -166,9 +167,10 @@ _MODEL_INFO_KEYS = {"hf_repo", "notes"}  # kept in YAML, not in ModelSpec
 def load_model(spec: str | Mapping[str, Any] | ModelSpec) -> ModelSpec:
     """A :class:`ModelSpec` from a catalog name, a mapping, or a file path.
 
-    A mapping or file with ``num_hidden_layers`` is read as a Hugging Face
-    ``config.json`` (a folder holding one works too); otherwise its keys must
-    be ``ModelSpec`` fields.
+    A mapping or file that looks like a Hugging Face ``config.json``
+    (``num_hidden_layers``, ``model_type``, ``architectures`` or a nested
+    ``text_config``; a folder holding one works too) is read as one; otherwise
+    its keys must be ``ModelSpec`` fields, or ``base:`` and overrides.
     """
     if isinstance(spec, ModelSpec):
         return spec
