@@ -145,7 +145,14 @@ def test_model_that_never_fits_says_so():
 
 
 def test_huge_model_on_a_small_gpu_suggests_the_tp_that_fits():
-    with pytest.raises(ValueError, match="try --tp 64 or more"):
+    # 24 is the smallest TP that divides OPT-175B's 96 heads and leaves room on an L4.
+    with pytest.raises(ValueError, match="try --tp 24 or more"):
+        kv_capacity(load_model("opt-175b"), load_gpu("l4"), **FIXED)
+
+
+def test_the_hint_never_suggests_a_tp_vllm_refuses():
+    # tp=64 would fit OPT-175B on 8 GB cards, but does not divide its 96 heads.
+    with pytest.raises(ValueError, match="does not fit at any tp up to 64"):
         kv_capacity(load_model("opt-175b"), load_gpu("rtx-4060"), **FIXED)
 
 

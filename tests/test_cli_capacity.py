@@ -89,4 +89,53 @@ def test_unparsable_number_is_one_line_and_exit_2(capsys):
         main(["capacity", "--model", "llama-3.1-8b", "--gpu", "h100", "--tp", "two"])
     err = capsys.readouterr().err
     assert exc.value.code == 2
-    assert err == "kvsim capacity: error: argument --tp: invalid int value: 'two'\n"
+    assert err == "kvsim capacity: error: argument --tp/--tensor-parallel-size: invalid int value: 'two'\n"
+
+
+def test_capacity_states_the_token_budget_it_assumes(capsys):
+    # vllm serve's default for the GPU, as kvsim run uses (kv-semantics D4): 16384 on >= 160 GiB.
+    code, out, _ = run(capsys, "--model", "llama-3.1-8b", "--gpu", "b200")
+    assert code == 0
+    assert "token budget (max_num_batched_tokens)" in out
+    assert "16,384 tokens  vllm serve default for b200" in out
+
+
+def test_capacity_budget_from_the_flag_says_so(capsys):
+    code, out, _ = run(capsys, "--model", "llama-3.1-8b", "--gpu", "h100",
+                       "--max-num-batched-tokens", "2048")
+    assert code == 0 and "2,048 tokens  --max-num-batched-tokens" in out
+    assert "activation peak (2048 tok, 1024 seqs)" in out
+
+
+def test_capacity_of_a_hybrid_model_lists_its_kv_cache_groups(capsys):
+    code, out, _ = run(capsys, "--model", "gemma-3-27b", "--gpu", "h200", "--seq-len", "32768")
+    assert code == 0
+    assert "KV-cache groups: 7 (vLLM's hybrid KV cache manager" in out
+    assert "sliding_window   9 layers  window 1024" in out
+    assert "full_attention  10 layers" in out and "2048 blocks at 32768 tokens" in out
+    assert "tokens that fit at 32768 per request" in out
+
+
+def test_capacity_with_the_hybrid_manager_off_has_one_group(capsys):
+    code, out, _ = run(capsys, "--model", "gemma-3-27b", "--gpu", "h200",
+                       "--disable-hybrid-kv-cache-manager")
+    assert code == 0 and "KV-cache groups: 1 (hybrid KV cache manager off" in out
+
+
+def test_capacity_of_an_moe_model_under_ep_shows_experts_per_gpu(capsys):
+    code, out, _ = run(capsys, "--model", "deepseek-v3", "--gpu", "h200", "--dp", "8",
+                       "--enable-expert-parallel", "--block-size", "64")
+    assert code == 0
+    assert "per GPU (tp=1, dp=8, ep=8)" in out
+    assert "32 whole experts per GPU" in out
+
+
+def test_capacity_of_an_moe_model_under_tp_splits_every_expert(capsys):
+    code, out, _ = run(capsys, "--model", "qwen3-235b-a22b", "--gpu", "h200", "--tp", "4")
+    assert code == 0 and "every expert, 1/4 of its width" in out
+
+
+def test_capacity_refuses_a_tp_that_does_not_divide_the_heads_in_one_line(capsys):
+    code, out, err = run(capsys, "--model", "mixtral-8x7b", "--gpu", "h100", "--tp", "3")
+    assert code == 2 and err.count("\n") == 1
+    assert "tensor_parallel_size 3 does not divide mixtral-8x7b's num_attention_heads (32)" in err

@@ -98,6 +98,19 @@ class RankShapes:
     attn_flops_per_pair: float       # FLOPs per (query, key) pair, all heads of this rank
     tp: int
     ops: tuple[OpShape, ...]
+    # Decode attention FLOPs per (query, key) pair when the kernel differs from
+    # prefill's (MLA: vLLM decodes in the latent space, forward_mqa); None: the same.
+    decode_attn_flops_per_pair: float | None = None
+    # MLA prefill up-projects every cached context token's latent to per-head K/V
+    # (vLLM forward_mha, _compute_prefill_context): per context token and layer.
+    prefill_context_flops_per_token: float = 0.0
+    prefill_context_bytes_per_token: float = 0.0
+    weight_dtype_bytes: float | None = None    # GEMM weights when quantized (None: dtype_bytes)
+
+    @property
+    def decode_flops_per_pair(self) -> float:
+        return (self.attn_flops_per_pair if self.decode_attn_flops_per_pair is None
+                else self.decode_attn_flops_per_pair)
 
     @property
     def q_bytes_per_token(self) -> float:
@@ -114,24 +127,32 @@ class RankShapes:
         return 2 * self.num_layers if self.tp > 1 else 0
 
     @classmethod
-    def from_spec(cls, model, tp: int = 1, kv_cache_dtype: str = "auto") -> "RankShapes":
-        return rank_shapes(model, tp, kv_cache_dtype)
+    def from_spec(cls, model, tp: int = 1, kv_cache_dtype: str = "auto",
+                  parallel=None) -> "RankShapes":
+        return rank_shapes(model, tp, kv_cache_dtype, parallel)
 
 
-def _gemm(name, calls, k, n, db) -> OpShape:
-    return OpShape(name, calls, 2.0 * k * n, float(k * n * db), float((k + n) * db),
-                   gemm_k=int(k), gemm_n=int(n))
+def _gemm(name, calls, k, n, db, wdb=None) -> OpShape:
+    return OpShape(name, calls, 2.0 * k * n, float(k * n * (db if wdb is None else wdb)),
+                   float((k + n) * db), gemm_k=int(k), gemm_n=int(n))
 
 
 def _elementwise(name, calls, bytes_per_token) -> OpShape:
     return OpShape(name, calls, 0.0, 0.0, float(bytes_per_token))
 
 
-def rank_shapes(model, tp: int = 1, kv_cache_dtype: str = "auto") -> RankShapes:
-    """Per-rank operator shapes of ``model`` (a ``kvsim.specs.ModelSpec``) at TP ``tp``."""
+def rank_shapes(model, tp: int = 1, kv_cache_dtype: str = "auto", parallel=None) -> RankShapes:
+    """Per-GPU operator shapes of ``model`` (a ``kvsim.specs.ModelSpec``) at TP ``tp``.
+
+    ``parallel`` (a ``kvsim.specs.ParallelConfig``) adds data and expert
+    parallelism for the MoE layers (:func:`_moe_ops`); None is TP only.
+    """
+    if parallel is not None and parallel.tp != tp:
+        raise ValueError(f"rank_shapes: tp {tp} != parallel.tensor_parallel_size {parallel.tp}")
     L = int(model.num_layers)
     h = int(model.hidden_size)
     db = int(model.dtype_bytes)
+    wdb = getattr(model, "weight_dtype_bytes", None)
     hd = int(model.head_dim)
     q_heads = max(1, int(model.num_attention_heads) // tp)
     kv_heads = int(model.kv_heads_per_rank(tp))
@@ -141,6 +162,8 @@ def rank_shapes(model, tp: int = 1, kv_cache_dtype: str = "auto") -> RankShapes:
     kv_lora = int(getattr(model, "kv_lora_rank", None) or 0)
     rope_dim = int(getattr(model, "qk_rope_head_dim", 0) or 0)
     kv_bytes_layer = float(model.kv_bytes_per_token(kv_cache_dtype, tp)) / L
+    n_attn = int(getattr(model, "num_kv_layers", L))    # linear-attention layers hold no KV
+    extra: dict = {}
 
     ops: list[OpShape] = []
     ops.append(_elementwise("input_norm", L, 2 * h * db))
@@ -158,57 +181,154 @@ def rank_shapes(model, tp: int = 1, kv_cache_dtype: str = "auto") -> RankShapes:
         else:
             q_pairs = [(h, q_heads * qk_head)]
         pairs = q_pairs + [(h, kv_lora + rope_dim), (kv_lora, q_heads * (nope + v_dim))]
+        w = db if wdb is None else wdb
         ops.append(OpShape("qkv_proj", L, sum(2.0 * k * n for k, n in pairs),
-                           float(sum(k * n for k, n in pairs) * db),
+                           float(sum(k * n for k, n in pairs) * w),
                            float(sum(k + n for k, n in pairs) * db)))
         attn_flops_pair = 2.0 * q_heads * (qk_head + v_dim)   # QK^T over qk dims, PV over v dims
+        # vLLM MLA decode (forward_mqa): q absorbed into the latent, MQA over
+        # kv_lora + rope keys and kv_lora values (mla_attention.py docstring).
+        extra["decode_attn_flops_per_pair"] = 2.0 * q_heads * (2 * kv_lora + rope_dim)
+        # vLLM MLA prefill (forward_mha): the cached context's latent is
+        # up-projected (kv_b_proj) to K_nope and V each chunk, written and read.
+        extra["prefill_context_flops_per_token"] = 2.0 * kv_lora * q_heads * (nope + v_dim)
+        extra["prefill_context_bytes_per_token"] = 2.0 * q_heads * (nope + v_dim) * db
         rope_width = q_heads * rope_dim + rope_dim
         o_in = q_heads * v_dim
     else:
-        ops.append(_gemm("qkv_proj", L, h, (q_heads + 2 * kv_heads) * hd, db))
+        q_out = q_heads * (2 if getattr(model, "attn_output_gate", False) else 1)  # + the gate
+        ops.append(_gemm("qkv_proj", n_attn, h, (q_out + 2 * kv_heads) * hd, db, wdb))
         attn_flops_pair = 4.0 * q_heads * hd          # QK^T and PV
         rope_width = (q_heads + kv_heads) * hd
         o_in = q_heads * hd
-    ops.append(_elementwise("rope", L, 2 * rope_width * db))
-    ops.append(_gemm("o_proj", L, o_in, h, db))
+    if n_attn != L:
+        # Linear-attention layers read no KV: spread the attention layers' work
+        # over all L layers, as the per-layer KV bytes already are.
+        attn_flops_pair *= n_attn / L
+        ops.extend(_linear_attention_ops(model, L - n_attn, tp, db, wdb))
+    ops.append(_elementwise("rope", n_attn, 2 * rope_width * db))
+    ops.append(_gemm("o_proj", n_attn, o_in, h, db, wdb))
     ops.append(_elementwise("post_attn_norm", L, 2 * h * db))
 
     n_exp = int(getattr(model, "num_experts", 0) or 0)
     mats = 2 if gated else 1
     if n_exp:
-        k_exp = int(model.num_experts_per_tok)
-        dense_layers = int(getattr(model, "first_k_dense_layers", 0) or 0)
-        moe_layers = L - dense_layers
-        moe_inter = int(model.moe_intermediate_size) // tp
-        shared = int(getattr(model, "num_shared_experts", 0) or 0)
+        moe_layers = int(model.num_moe_layers)
+        dense_layers = L - moe_layers
         if dense_layers:
-            ops.append(_gemm("mlp_gate_up", dense_layers, h, mats * inter, db))
+            ops.append(_gemm("mlp_gate_up", dense_layers, h, mats * inter, db, wdb))
             ops.append(_elementwise("mlp_act", dense_layers, (mats + 1) * inter * db))
-            ops.append(_gemm("mlp_down", dense_layers, inter, h, db))
-        # routed experts: k expert GEMMs per token; router logits h x E; shared experts dense
-        shared_inter = shared * moe_inter
-        ops.append(OpShape("mlp_gate_up", moe_layers,
-                           2.0 * h * (k_exp + shared) * mats * moe_inter + 2.0 * h * n_exp,
-                           float((h * mats * shared_inter + h * n_exp) * db),
-                           float((h + (k_exp + shared) * mats * moe_inter) * db),
-                           n_exp, k_exp, float(h * mats * moe_inter * db)))
-        ops.append(_elementwise("mlp_act", moe_layers, (k_exp + shared) * (mats + 1) * moe_inter * db))
-        ops.append(OpShape("mlp_down", moe_layers,
-                           2.0 * (k_exp + shared) * moe_inter * h,
-                           float(shared_inter * h * db),
-                           float(((k_exp + shared) * moe_inter + h) * db),
-                           n_exp, k_exp, float(moe_inter * h * db)))
+            ops.append(_gemm("mlp_down", dense_layers, inter, h, db, wdb))
+        ops.extend(_moe_ops(model, moe_layers, tp, parallel, db, wdb))
     else:
-        ops.append(_gemm("mlp_gate_up", L, h, mats * inter, db))
+        ops.append(_gemm("mlp_gate_up", L, h, mats * inter, db, wdb))
         ops.append(_elementwise("mlp_act", L, (mats + 1) * inter * db))
-        ops.append(_gemm("mlp_down", L, inter, h, db))
+        ops.append(_gemm("mlp_down", L, inter, h, db, wdb))
     ops.append(_elementwise("residual_add", 2 * L, 3 * h * db))
     ops.append(_elementwise("embedding", 1, 2 * h * db))         # gather a row, write it
     ops.append(_elementwise("final_norm", 1, 2 * h * db))
     ops.append(_gemm("lm_head", 1, h, vocab, db))
     # fp32 logits written by the LM head are read by softmax/top-k/sampling
     ops.append(_elementwise("sampler", 1, 2 * vocab * 4))
-    return RankShapes(L, h, q_heads, kv_heads, hd, db, kv_bytes_layer, attn_flops_pair, tp, tuple(ops))
+    return RankShapes(L, h, q_heads, kv_heads, hd, db, kv_bytes_layer, attn_flops_pair, tp,
+                      tuple(ops), weight_dtype_bytes=wdb, **extra)
+
+
+def _linear_attention_ops(model, calls: int, tp: int, db: int, wdb) -> list[OpShape]:
+    """Gated DeltaNet projections (Qwen3-Next), named like attention's for profiles.
+
+    in_proj_qkvz + in_proj_ba as "qkv_proj", out_proj as "o_proj", split tp
+    ways. The recurrence itself (state read and written once per sequence per
+    step) is not costed.
+    """
+    h = int(model.hidden_size)
+    nk, dk = int(model.linear_num_key_heads), int(model.linear_key_head_dim)
+    nv, dv = int(model.linear_num_value_heads), int(model.linear_value_head_dim)
+    in_width = (2 * nk * dk + 2 * nv * dv + 2 * nv) // tp
+    return [_gemm("qkv_proj", calls, h, in_width, db, wdb),
+            _gemm("o_proj", calls, nv * dv // tp, h, db, wdb)]
+
+
+def _moe_ops(model, moe_layers: int, tp: int, parallel, db: int, wdb) -> list[OpShape]:
+    """Routed and shared experts of the MoE layers on one GPU.
+
+    Tokens pick ``k`` of ``E`` experts uniformly. With ``dp`` DP ranks the MoE
+    layer sees ``dp x n`` tokens (every rank's, each rank stepping a batch like
+    this one); this GPU does ``1 / (tp x dp)`` of their expert work: without EP
+    every expert at ``1/(tp x dp)`` of its width, with EP
+    ``ceil(E / ep)`` whole experts (vLLM FusedMoEParallelConfig). Expert
+    weights read are those of the experts the ``dp x n`` tokens touch:
+    ``local_experts x (1 - (1 - k/E)^(dp n))`` of them, written in OpShape's
+    form with a per-rank selection rate ``k' = E (1 - (1 - k/E)^dp)``.
+    The shared experts are a dense MLP split ``tp`` ways. With DP > 1 the
+    tokens are moved to and from the experts ("moe_all2all", two calls a
+    layer, :func:`moe_dispatch_bytes_per_token`).
+    """
+    h = int(model.hidden_size)
+    mats = 2 if model.gated_mlp else 1
+    n_exp = int(model.num_experts)
+    k_exp = int(model.num_experts_per_tok)
+    shared = int(getattr(model, "num_shared_experts", 0) or 0)
+    edb = getattr(model, "expert_dtype_bytes", None)
+    edb = (db if wdb is None else wdb) if edb is None else edb
+    w_dense = db if wdb is None else wdb
+    moe_inter = int(model.moe_intermediate_size) // tp      # shared experts: split tp ways
+    shared_inter = shared * moe_inter
+    dp = 1 if parallel is None else parallel.dp
+    use_ep = parallel is not None and parallel.use_ep
+    if use_ep:
+        width = int(model.moe_intermediate_size)             # whole experts
+        frac = parallel.local_experts(n_exp) / n_exp         # this GPU's share of the experts
+        pairs = k_exp * dp * frac                            # (token, expert) pairs per own token
+    else:
+        world = tp * dp
+        width = int(model.moe_intermediate_size) // world    # every expert, 1/(tp dp) wide
+        frac = 1
+        pairs = k_exp * dp
+    k_rate = k_exp if dp == 1 else n_exp * (1.0 - (1.0 - k_exp / n_exp) ** dp)
+    routed = pairs * width                                   # expert intermediate per own token
+    ops = [
+        OpShape("mlp_gate_up", moe_layers,
+                2.0 * h * (routed * mats + shared * mats * moe_inter) + 2.0 * h * n_exp,
+                float(h * mats * shared_inter * w_dense + h * n_exp * db),
+                float((h + (routed * mats + shared * mats * moe_inter)) * db),
+                n_exp, k_rate, float(h * mats * width * edb) * frac),
+        _elementwise("mlp_act", moe_layers, (routed + shared * moe_inter) * (mats + 1) * db),
+        OpShape("mlp_down", moe_layers,
+                2.0 * (routed + shared_inter) * h,
+                float(shared_inter * h * w_dense),
+                float(((routed + shared_inter) + h) * db),
+                n_exp, k_rate, float(width * h * edb) * frac),
+    ]
+    if parallel is not None and parallel.uses_moe_dispatch:
+        ops.append(OpShape("moe_all2all", 2 * moe_layers, 0.0, 0.0,
+                           moe_dispatch_bytes_per_token(model, parallel)))
+    return ops
+
+
+def moe_dispatch_bytes_per_token(model, parallel) -> float:
+    """Bytes one GPU sends (and receives) per token of its DP rank, per dispatch or combine.
+
+    * gather backends (vLLM's default ``allgather_reducescatter``): every GPU
+      gets every token of the group: ``(G - 1) x hidden`` per own token, the
+      group being the DP ranks (or all EP ranks with sequence-parallel MoE,
+      where each TP rank of a DP rank holds ``1/tp`` of its tokens);
+    * all-to-all backends (DeepEP, pplx, ...): a token goes once to each other
+      EP rank holding one of its ``k`` experts: ``(ep - 1) x P(rank hit) x
+      hidden``, ``P = 1 - C(E - E/ep, k) / C(E, k)`` (uniform routing).
+    """
+    h = float(model.hidden_size * model.dtype_bytes)
+    tp_split = parallel.tp if parallel.sequence_parallel_moe else 1
+    if not parallel.uses_all_to_all:
+        group = parallel.world_size if parallel.sequence_parallel_moe else parallel.dp
+        return (group - 1) * h / tp_split
+    ep = parallel.expert_parallel_size
+    e, k = int(model.num_experts), int(model.num_experts_per_tok)
+    per_rank = e / ep
+    miss = 1.0
+    for i in range(k):                     # C(E - E/ep, k) / C(E, k), term by term
+        miss *= max(0.0, (e - per_rank - i)) / (e - i)
+    return (ep - 1) * (1.0 - miss) * h / tp_split
 
 
 # ---------------------------------------------------------------- attention
@@ -219,13 +339,15 @@ def prefill_attention_work(shapes: RankShapes, chunk, context):
     A chunk of ``c`` new tokens after ``p`` cached ones attends causally:
     ``c p + c (c + 1) / 2`` (query, key) pairs. It reads the KV of all
     ``p + c`` tokens (the new ones were just written), Q and O of the chunk,
-    and writes the chunk's KV.
+    and writes the chunk's KV. MLA adds the up-projection of the ``p`` cached
+    latents to per-head K and V (``prefill_context_*``; zero otherwise).
     """
     c = np.asarray(chunk, dtype=float)
     p = np.asarray(context, dtype=float)
     pairs = c * p + c * (c + 1.0) / 2.0
-    flops = pairs * shapes.attn_flops_per_pair
-    nbytes = (p + 2.0 * c) * shapes.kv_bytes_per_token_layer + c * shapes.q_bytes_per_token
+    flops = pairs * shapes.attn_flops_per_pair + p * shapes.prefill_context_flops_per_token
+    nbytes = ((p + 2.0 * c) * shapes.kv_bytes_per_token_layer + c * shapes.q_bytes_per_token
+              + p * shapes.prefill_context_bytes_per_token)
     return flops, nbytes
 
 
@@ -265,6 +387,6 @@ def decode_attention_work(shapes: RankShapes, num_seqs, context_sum):
     """
     n = np.asarray(num_seqs, dtype=float)
     keys = np.asarray(context_sum, dtype=float) + n
-    flops = keys * shapes.attn_flops_per_pair
+    flops = keys * shapes.decode_flops_per_pair
     nbytes = (keys + n) * shapes.kv_bytes_per_token_layer + n * shapes.q_bytes_per_token
     return flops, nbytes

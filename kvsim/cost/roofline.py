@@ -26,6 +26,15 @@ shipped profiles' fitted coefficients imply):
   CPU-overhead table (schedule + prepare inputs + sampler + output
   processing) fits 0.8-1.4 ms + 42 µs per request; current vLLM batches that
   CPU work, so the per-request part is halved here.
+* ``all2all_efficiency`` 0.5: MoE dispatch/combine between DP ranks (vLLM
+  DP + EP, ``features.moe_dispatch_bytes_per_token``) moves uneven, small
+  messages; DeepEP reports ~150 GB/s of the H800's 160 GB/s NVLink for its
+  high-throughput kernels at 4096 tokens but far less at decode sizes. 0.5
+  is a middle, with the link latency added per call. Groups larger than the
+  GPU's ``nvlink_domain_size`` use ``scaleout_bandwidth_gbps``.
+
+GEMMs of a model with quantized weights (``weight_dtype_bytes`` 1: FP8
+checkpoints) run at the FP8 peak; attention runs at the model dtype's.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ class RooflineParams:
     attention_compute_efficiency: float = 0.45
     attention_memory_efficiency: float = 0.75
     allreduce_efficiency: float = 0.65
+    all2all_efficiency: float = 0.5
     kernel_floor_s: float = 4e-6
     step_overhead_s: float = 1.0e-3
     request_overhead_s: float = 20e-6
@@ -66,29 +76,40 @@ class RooflineParams:
         return cls(**values)
 
 
-def peak_flops(gpu, dtype_bytes: int) -> float:
+def peak_flops(gpu, dtype_bytes: float) -> float:
     """Dense FLOP/s for the weights' precision (fp8 weights run fp8 GEMMs)."""
     tflops = gpu.fp8_tflops if dtype_bytes == 1 and gpu.fp8_tflops else gpu.bf16_tflops
     return float(tflops) * 1e12
 
 
 def roofline_cost_model(model, gpu, tp: int = 1, kv_cache_dtype: str = "auto",
-                        params: RooflineParams | None = None) -> StepCostModel:
+                        params: RooflineParams | None = None, parallel=None) -> StepCostModel:
+    """The roofline model of ``model`` on ``gpu``; ``parallel`` (a ParallelConfig) adds DP/EP."""
     p = params or RooflineParams()
-    shapes = rank_shapes(model, tp, kv_cache_dtype)
-    peak = peak_flops(gpu, shapes.dtype_bytes)
+    shapes = rank_shapes(model, tp, kv_cache_dtype, parallel)
+    wdb = shapes.weight_dtype_bytes
+    peak = peak_flops(gpu, shapes.dtype_bytes if wdb is None else wdb)
+    attn_peak = peak if wdb is None else peak_flops(gpu, shapes.dtype_bytes)
     bw = float(gpu.hbm_bandwidth_gbps) * 1e9
     gemm = OpCoefficients(1.0 / (peak * p.gemm_compute_efficiency), 1.0 / (bw * p.memory_efficiency),
                           floor_s=p.kernel_floor_s)
-    attn = OpCoefficients(1.0 / (peak * p.attention_compute_efficiency),
+    attn = OpCoefficients(1.0 / (attn_peak * p.attention_compute_efficiency),
                           1.0 / (bw * p.attention_memory_efficiency), floor_s=p.kernel_floor_s)
-    link = float(gpu.interconnect_bandwidth_gbps) * 1e9
+    link = float(gpu.link_bandwidth_gbps(tp) if hasattr(gpu, "link_bandwidth_gbps")
+                 else gpu.interconnect_bandwidth_gbps) * 1e9
     comm = CommCoefficients(1.0 / (link * p.allreduce_efficiency) if link > 0 else 0.0,
                             float(gpu.interconnect_latency_us) * 1e-6)
+    ops = {name: gemm for name in LINEAR_OPS}
+    if parallel is not None and parallel.uses_moe_dispatch:
+        group = parallel.world_size
+        moe_link = float(gpu.link_bandwidth_gbps(group) if hasattr(gpu, "link_bandwidth_gbps")
+                         else gpu.interconnect_bandwidth_gbps) * 1e9
+        ops["moe_all2all"] = OpCoefficients(sec_per_byte=1.0 / (moe_link * p.all2all_efficiency),
+                                            const_s=float(gpu.interconnect_latency_us) * 1e-6)
     pcie = float(getattr(gpu, "pcie_bandwidth_gbps", 0) or 0) * 1e9
     return StepCostModel(
         shapes=shapes,
-        ops={name: gemm for name in LINEAR_OPS},
+        ops=ops,
         prefill_attention=attn,
         decode_attention=attn,
         allreduce=comm,

@@ -90,6 +90,11 @@ class StepCostModel:
         self._linear_ops = tuple((op, self.ops[op.name], op.name in SAMPLED_OPS) for op in sh.ops)
         self._linear_cache: dict[tuple[int, int], float] = {}
         self._attn_flops_per_pair = sh.attn_flops_per_pair
+        # MLA decodes in the latent space and up-projects the cached context in
+        # prefill (features.RankShapes; catalog issue #16); plain attention: same / 0.
+        self._decode_flops_per_pair = sh.decode_flops_per_pair
+        self._ctx_flops = sh.prefill_context_flops_per_token
+        self._ctx_bytes = sh.prefill_context_bytes_per_token
         self._kv_bytes_per_token_layer = sh.kv_bytes_per_token_layer
         self._q_bytes_per_token = sh.q_bytes_per_token
         self._prefill_heads = sh.kv_heads if self.prefill_attention.wave_kv_heads else sh.q_heads
@@ -171,7 +176,7 @@ class StepCostModel:
         allreduce = self._allreduce_time(num_seqs)
         overhead = self._overhead_time(num_seqs)
         spf, spb, floor_s, const_s, spt = self._decode_coef
-        fpp, kvb = self._attn_flops_per_pair, self._kv_bytes_per_token_layer
+        fpp, kvb = self._decode_flops_per_pair, self._kv_bytes_per_token_layer
         num_layers = self.shapes.num_layers
         n = float(num_seqs)
         q_bytes, per_seq = n * self._q_bytes_per_token, spt * n
@@ -241,8 +246,8 @@ class StepCostModel:
         total = 0.0
         for c, p in zip(chunks, contexts):
             c, p = float(c), float(p)
-            flops = (c * p + c * (c + 1.0) / 2.0) * fpp
-            nbytes = (p + 2.0 * c) * kvb + c * qb
+            flops = (c * p + c * (c + 1.0) / 2.0) * fpp + p * self._ctx_flops
+            nbytes = (p + 2.0 * c) * kvb + c * qb + p * self._ctx_bytes
             t = (max(c_.sec_per_flop * flops, c_.sec_per_byte * nbytes, c_.floor_s) + c_.const_s
                  + c_.sec_per_token * c + c_.sec_per_causal_flop * (c * (c + 1.0) / 2.0 * fpp))
             if c_.wave_tile_m:
@@ -259,7 +264,7 @@ class StepCostModel:
         spf, spb, floor_s, const_s, spt = self._mixed_decode_coef if mixed else self._decode_coef
         n = float(num_seqs)
         keys = context_sum + n
-        flops = keys * self._attn_flops_per_pair
+        flops = keys * self._decode_flops_per_pair
         nbytes = (keys + n) * self._kv_bytes_per_token_layer + n * self._q_bytes_per_token
         per_layer = max(spf * flops, spb * nbytes, floor_s) + const_s + spt * n
         return self.shapes.num_layers * per_layer
@@ -270,7 +275,7 @@ class StepCostModel:
         n = float(num_seqs)
         keys = context_sums
         keys += n
-        flops = keys * self._attn_flops_per_pair
+        flops = keys * self._decode_flops_per_pair
         flops *= spf
         nbytes = keys                      # (keys + n) * kv bytes + n * q bytes, in place
         nbytes += n

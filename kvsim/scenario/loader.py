@@ -103,7 +103,11 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
             capacity = kv_capacity(model, gpu, tp=tp, gpu_memory_utilization=eng.gpu_memory_utilization,
                                    block_size=eng.block_size, kv_cache_dtype=eng.kv_cache_dtype,
                                    max_num_batched_tokens=max_num_batched_tokens,
-                                   max_num_seqs=max_num_seqs)
+                                   max_num_seqs=max_num_seqs,
+                                   # The engine keeps one block table per request until the
+                                   # hybrid KV manager lands (#16): size the pool as vLLM's
+                                   # --disable-hybrid-kv-cache-manager does (same for one group).
+                                   disable_hybrid_kv_cache_manager=True)
         except ValueError as exc:
             raise ScenarioError(f"model/hardware: {exc}") from None
         num_gpu_blocks = capacity.num_gpu_blocks

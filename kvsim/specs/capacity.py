@@ -13,6 +13,13 @@ its share of the device::
 ``num_gpu_blocks_override`` replaces ``num_blocks``. Block 0 is vLLM's null
 block (kv-semantics B2), so requests can use ``num_blocks - 1`` blocks.
 
+For a model whose layers mix attention types, ``block_bytes`` is vLLM's bytes
+per block over its KV-cache groups (:mod:`kvsim.specs.kv_groups`: one block id
+covers a page in each layer of a group, and ``group_size`` layers, not all of
+them, share one block), and how many requests fit depends on how many blocks
+each group holds (:meth:`KVCapacity.max_concurrent_requests`). Weights are
+per GPU under TP, DP and EP as :mod:`kvsim.specs.parallel` describes.
+
 The three overhead terms are estimates of what vLLM *measures* on the real
 GPU; each can be given explicitly (``activation_bytes``, ``non_torch_bytes``,
 ``cudagraph_bytes``) to reproduce a logged run. Defaults and why:
@@ -43,7 +50,9 @@ import math
 from dataclasses import dataclass
 
 from kvsim.specs.gpu import GIB, GPUSpec
+from kvsim.specs.kv_groups import KVCacheGroups, get_kv_cache_groups, model_layer_specs
 from kvsim.specs.model import ModelSpec
+from kvsim.specs.parallel import ParallelConfig
 
 DEFAULT_NON_TORCH_BYTES = int(0.15 * GIB)
 DEFAULT_NON_TORCH_TP_EXTRA_BYTES = int(0.75 * GIB)
@@ -57,6 +66,7 @@ SAMPLER_FP32_COPIES = 3
 # vLLM V1 default max_num_seqs (kv-semantics D4, API-server context): 1024 on
 # GPUs with >= 70 GiB that are not A100s, 256 elsewhere.
 LARGE_GPU_BYTES = 70 * GIB
+HUGE_GPU_BYTES = 160 * GIB
 
 
 def default_max_num_seqs(gpu: GPUSpec, max_num_batched_tokens: int) -> int:
@@ -65,13 +75,26 @@ def default_max_num_seqs(gpu: GPUSpec, max_num_batched_tokens: int) -> int:
     return min(1024 if large else 256, max_num_batched_tokens)
 
 
+def default_max_num_batched_tokens(gpu: GPUSpec) -> int:
+    """``vllm serve``'s default token budget for this GPU (kv-semantics D4).
+
+    8192 on >= 70 GiB GPUs that are not A100s, 2048 elsewhere; [new] 16384 on
+    >= 160 GiB devices. The same rule as ``kvsim run`` (scenario/loader.py).
+    """
+    if gpu.memory_bytes >= HUGE_GPU_BYTES:
+        return 16384
+    if gpu.memory_bytes >= LARGE_GPU_BYTES and "a100" not in gpu.name.lower():
+        return 8192
+    return 2048
+
+
 def default_non_torch_bytes(tp: int) -> int:
     """Non-torch memory growth during profiling (see module docstring)."""
     return DEFAULT_NON_TORCH_BYTES + (DEFAULT_NON_TORCH_TP_EXTRA_BYTES if tp > 1 else 0)
 
 
 def estimate_activation_peak_bytes(model: ModelSpec, max_num_batched_tokens: int,
-                                   max_num_seqs: int, tp: int = 1) -> int:
+                                   max_num_seqs: int, tp: int = 1, dp: int = 1) -> int:
     """Peak torch memory of vLLM's profile forward pass, beyond the weights.
 
     The profile run pushes ``T = max_num_batched_tokens`` tokens through the
@@ -89,6 +112,11 @@ def estimate_activation_peak_bytes(model: ModelSpec, max_num_batched_tokens: int
       :data:`SAMPLER_FP32_COPIES` float32 copies (logits are gathered to the
       full vocabulary before sampling).
 
+    With ``dp`` > 1 every DP rank's tokens meet in the MoE layers: a GPU does
+    ``1 / (tp x dp)`` of the expert work of ``dp x T`` tokens (with or without
+    EP), the same intermediates as above, but holds the gathered
+    ``dp x T x top_k x hidden`` output buffer.
+
     Grows linearly with ``max_num_batched_tokens`` x (hidden + intermediate),
     as the issue asks; calibrated against one vLLM log (module docstring).
     """
@@ -104,7 +132,7 @@ def estimate_activation_peak_bytes(model: ModelSpec, max_num_batched_tokens: int
         moe = mlp_factor * active * model.moe_intermediate_size / tp
         if moe > widest:
             widest = moe
-            extra = model.num_experts_per_tok * h
+            extra = model.num_experts_per_tok * h * dp
     heads = model.num_attention_heads / tp
     if model.is_mla:
         qk = model.qk_nope_head_dim + model.qk_rope_head_dim
@@ -141,6 +169,14 @@ class KVCapacity:
     num_gpu_blocks: int
     token_capacity: int
     num_gpu_blocks_overridden: bool = False
+    dp: int = 1
+    enable_expert_parallel: bool = False
+    expert_parallel_size: int = 1
+    num_local_experts: int = 0
+    weight_bytes_by_part: dict | None = None
+    kv_groups: KVCacheGroups | None = None
+    disable_hybrid_kv_cache_manager: bool = False
+    max_in_flight_tokens: int = 0
 
     @property
     def num_usable_blocks(self) -> int:
@@ -148,37 +184,76 @@ class KVCapacity:
         return self.num_gpu_blocks - 1
 
     @property
+    def is_hybrid(self) -> bool:
+        """More than one KV-cache group (vLLM's hybrid KV cache manager at work)."""
+        return self.kv_groups is not None and self.kv_groups.is_hybrid
+
+    @property
     def vllm_logged_tokens(self) -> int:
-        """What vLLM logs as ``GPU KV cache size: N tokens`` (null block included)."""
+        """What vLLM logs as ``GPU KV cache size: N tokens`` (null block included).
+
+        For one full-attention group: ``num_blocks x block_size`` (vLLM 0.33
+        logs ``concurrency x max_model_len``, the same when ``max_model_len``
+        is a multiple of the block size; see :meth:`logged_kv_cache_size_tokens`).
+        """
         return self.num_gpu_blocks * self.block_size
 
+    def logged_kv_cache_size_tokens(self, max_model_len: int) -> int:
+        """vLLM 0.33 get_kv_cache_capacity: ``int(max_concurrency x max_model_len)``."""
+        return int(self.max_concurrency(max_model_len) * max_model_len)
+
+    def max_concurrency(self, max_model_len: int) -> float:
+        """vLLM's "Maximum concurrency for N tokens per request: X x" (null block included)."""
+        _check_int("max_model_len", max_model_len)
+        return self.num_gpu_blocks / sum(self.blocks_per_group(max_model_len))
+
+    def blocks_per_group(self, seq_len: int) -> list[int]:
+        """Blocks one request of ``seq_len`` tokens holds in each KV-cache group (at most)."""
+        _check_int("seq_len", seq_len)
+        if self.kv_groups is None:
+            return [math.ceil(seq_len / self.block_size)]
+        return self.kv_groups.blocks_per_request(seq_len, self.max_in_flight_tokens)
+
     def blocks_per_request(self, seq_len: int) -> int:
-        if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len < 1:
-            raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
-        return math.ceil(seq_len / self.block_size)
+        """Blocks one request of ``seq_len`` tokens holds, all groups together."""
+        return sum(self.blocks_per_group(seq_len))
 
     def max_concurrent_requests(self, seq_len: int) -> int:
         """How many requests of ``seq_len`` tokens (prompt + output) fit at once."""
         return self.num_usable_blocks // self.blocks_per_request(seq_len)
 
 
-def kv_capacity(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1,
+def kv_capacity(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, dp: int = 1,
+                enable_expert_parallel: bool = False,
                 gpu_memory_utilization: float = 0.9, block_size: int = 16,
                 kv_cache_dtype: str = "auto", max_num_batched_tokens: int = 8192,
                 max_num_seqs: int | None = None,
                 num_gpu_blocks_override: int | None = None,
                 activation_bytes: int | None = None, non_torch_bytes: int | None = None,
-                cudagraph_bytes: int | None = None) -> KVCapacity:
-    """Size the KV cache of one rank as vLLM does (kv-semantics D2-D3).
+                cudagraph_bytes: int | None = None,
+                disable_hybrid_kv_cache_manager: bool | None = None,
+                enable_prefix_caching: bool = True, async_scheduling: bool = True) -> KVCapacity:
+    """Size the KV cache of one GPU as vLLM does (kv-semantics D2-D3).
 
     ``max_num_seqs`` defaults to vLLM V1's default for this GPU
     (:func:`default_max_num_seqs`); the overhead terms default as the module
-    docstring explains. Raises ``ValueError`` naming the bad argument, or, when
-    weights and overheads leave no room for KV, what is needed and what to try.
+    docstring explains. ``tp`` x ``dp`` GPUs form one replica, experts split
+    by EP when ``enable_expert_parallel`` (:mod:`kvsim.specs.parallel`).
+    ``disable_hybrid_kv_cache_manager`` None is vLLM 0.33's choice: off
+    (hybrid manager on) except for chunked local attention (Llama 4), where
+    vLLM turns it off unless VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE=1
+    (VllmConfig.__post_init__). ``async_scheduling`` (on by default in 0.33)
+    keeps two batches in flight, which sliding-window and chunked groups reserve
+    for (``max_in_flight_tokens``). Raises ``ValueError`` naming the bad
+    argument, or, when weights and overheads leave no room for KV, what is
+    needed and what to try.
     """
     _check_int("tp", tp)
+    _check_int("dp", dp)
     _check_int("block_size", block_size)
     _check_int("max_num_batched_tokens", max_num_batched_tokens)
+    parallel = ParallelConfig(tp, dp, enable_expert_parallel)
+    parallel.check(model)
     if max_num_seqs is None:
         max_num_seqs = default_max_num_seqs(gpu, max_num_batched_tokens)
     _check_int("max_num_seqs", max_num_seqs)
@@ -194,25 +269,34 @@ def kv_capacity(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1,
                         ("cudagraph_bytes", cudagraph_bytes)):
         if value is not None:
             _check_int(name, value, minimum=0)
+    if disable_hybrid_kv_cache_manager is None:
+        disable_hybrid_kv_cache_manager = "chunked_attention" in model.layer_types
 
+    specs, block_size = model_layer_specs(
+        model, block_size, kv_cache_dtype, tp,
+        mamba_cache_mode="align" if enable_prefix_caching else "none")
+    groups = get_kv_cache_groups(specs, disable_hybrid_kv_cache_manager)
     kv_per_token = model.kv_bytes_per_token(kv_cache_dtype, tp)
-    block_bytes = model.kv_bytes_per_block(block_size, kv_cache_dtype, tp)
+    block_bytes = groups.bytes_per_block
     total = gpu.memory_bytes
     requested = int(total * gpu_memory_utilization)
-    weights = model.weight_bytes(tp)
-    activation = (estimate_activation_peak_bytes(model, max_num_batched_tokens, max_num_seqs, tp)
+    by_part = model.weight_bytes_by_part(tp, dp=dp, expert_parallel=enable_expert_parallel)
+    weights = model.weight_bytes(tp, dp=dp, expert_parallel=enable_expert_parallel)
+    activation = (estimate_activation_peak_bytes(model, max_num_batched_tokens, max_num_seqs,
+                                                 tp, dp)
                   if activation_bytes is None else activation_bytes)
-    non_torch = default_non_torch_bytes(tp) if non_torch_bytes is None else non_torch_bytes
+    non_torch = (default_non_torch_bytes(parallel.world_size) if non_torch_bytes is None
+                 else non_torch_bytes)
     cudagraph = DEFAULT_CUDAGRAPH_BYTES if cudagraph_bytes is None else cudagraph_bytes
     overhead = activation + non_torch + cudagraph
     available = requested - weights - overhead
 
     if available < 2 * block_bytes:
-        raise ValueError(_does_not_fit(model, gpu, tp, gpu_memory_utilization, requested,
-                                       weights, overhead, available, block_size,
-                                       kv_cache_dtype))
+        raise ValueError(_does_not_fit(model, gpu, parallel, gpu_memory_utilization, requested,
+                                       weights, overhead, available, block_bytes,
+                                       kv_cache_dtype, block_size))
 
-    num_blocks = available // block_bytes
+    num_blocks = groups.num_blocks(available)
     if num_gpu_blocks_override is not None:
         num_blocks = num_gpu_blocks_override  # vLLM: replaces the profiled count (D3)
     return KVCapacity(
@@ -225,32 +309,45 @@ def kv_capacity(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1,
         block_bytes=block_bytes, num_gpu_blocks=num_blocks,
         token_capacity=(num_blocks - 1) * block_size,
         num_gpu_blocks_overridden=num_gpu_blocks_override is not None,
+        dp=dp, enable_expert_parallel=enable_expert_parallel,
+        expert_parallel_size=parallel.expert_parallel_size,
+        num_local_experts=parallel.local_experts(model.num_experts) if model.is_moe else 0,
+        weight_bytes_by_part=by_part, kv_groups=groups,
+        disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager,
+        # VllmConfig.max_in_flight_tokens: two batches with async scheduling (0.33 default)
+        max_in_flight_tokens=(2 if async_scheduling else 1) * max_num_batched_tokens,
     )
 
 
-def _does_not_fit(model: ModelSpec, gpu: GPUSpec, tp: int, util: float, requested: int,
-                  weights: int, overhead: int, available: int, block_size: int,
-                  kv_cache_dtype: str) -> str:
-    block_bytes = model.kv_bytes_per_block(block_size, kv_cache_dtype, tp)
+def _does_not_fit(model: ModelSpec, gpu: GPUSpec, parallel: ParallelConfig, util: float,
+                  requested: int, weights: int, overhead: int, available: int,
+                  block_bytes: int, kv_cache_dtype: str, block_size: int) -> str:
     gib = lambda n: f"{n / GIB:.1f} GiB"  # noqa: E731
-    what = (f"{model.name} needs {gib(weights)} of weights per GPU at tp={tp} "
+    layout = f"tp={parallel.tp}" + (f", dp={parallel.dp}" if parallel.dp > 1 else "") + (
+        f", ep={parallel.expert_parallel_size}" if parallel.use_ep else "")
+    what = (f"{model.name} needs {gib(weights)} of weights per GPU at {layout} "
             f"plus {gib(overhead)} of activations and overheads")
     have = f"{gpu.name} has {gib(requested)} at gpu_memory_utilization={util:g}"
     if available > 0:
         have += f", leaving {available:,} bytes, less than 2 KV blocks of {block_bytes:,}"
-    hint = _fitting_tp(model, tp, requested, overhead, block_size, kv_cache_dtype)
+    hint = _fitting_tp(model, parallel, requested, overhead, block_size, kv_cache_dtype)
     return f"{what}; {have}; {hint}"
 
 
-def _fitting_tp(model: ModelSpec, tp: int, requested: int, overhead: int,
+def _fitting_tp(model: ModelSpec, parallel: ParallelConfig, requested: int, overhead: int,
                 block_size: int, kv_cache_dtype: str) -> str:
-    # Overheads are kept at their value for the current tp: a safe upper bound.
-    t = tp * 2
-    while t <= 64:
+    # The smallest larger TP vLLM accepts for this model (parallel.check) whose
+    # weights leave room; overheads kept at the current layout's: a safe bound.
+    for t in range(parallel.tp + 1, 65):
+        p = ParallelConfig(t, parallel.dp, parallel.enable_expert_parallel)
+        try:
+            p.check(model)
+        except ValueError:
+            continue
         block_bytes = model.kv_bytes_per_block(block_size, kv_cache_dtype, t)
-        if requested - model.weight_bytes(t) - overhead >= 2 * block_bytes:
+        weights = model.weight_bytes(t, dp=p.dp, expert_parallel=p.enable_expert_parallel)
+        if requested - weights - overhead >= 2 * block_bytes:
             return f"try --tp {t} or more, a GPU with more memory, or a higher gpu_memory_utilization"
-        t *= 2
     return "it does not fit at any tp up to 64; choose a GPU with more memory"
 
 

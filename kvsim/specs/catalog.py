@@ -5,7 +5,8 @@
 * a catalog name (``h100-sxm``, ``llama-3.1-8b``; case-insensitive, ``_`` and
   spaces read as ``-``), or an alias listed in the catalog;
 * a mapping with the dataclass fields (``memory_gib``/``memory_mib`` may
-  replace ``memory_bytes`` for a GPU);
+  replace ``memory_bytes`` for a GPU), or ``base: NAME`` and the fields that
+  differ from that catalog entry;
 * a path to a YAML/JSON file holding such a mapping, or, for a model, a
   Hugging Face ``config.json``.
 
@@ -24,6 +25,7 @@ from typing import Any, Mapping
 import yaml
 
 from kvsim.specs.gpu import MIB, GPUSpec
+from kvsim.specs.hf_config import model_from_hf_config
 from kvsim.specs.model import ModelSpec
 
 DATA_DIR = Path(__file__).with_name("data")
@@ -95,7 +97,10 @@ def load_gpu(spec: str | Mapping[str, Any] | GPUSpec) -> GPUSpec:
 
 
 def gpu_from_mapping(mapping: Mapping[str, Any], default_name: str = "custom-gpu") -> GPUSpec:
+    """A :class:`GPUSpec` from its fields, or from ``base: NAME`` plus the fields to change."""
     data = dict(mapping)
+    if "base" in data:
+        data = _with_base("gpus", data, memory_keys=_GPU_MEMORY_KEYS)
     name = str(data.pop("name", default_name))
     for key in _GPU_INFO_KEYS:
         data.pop(key, None)
@@ -119,20 +124,53 @@ def gpu_from_mapping(mapping: Mapping[str, Any], default_name: str = "custom-gpu
                          f"{', '.join(sorted(_GPU_FIELDS - {'name', 'memory_bytes'}))}, "
                          f"one of {', '.join(_GPU_MEMORY_KEYS)}")
     if missing:
-        raise ValueError(f"gpu {name}: missing field(s) {', '.join(missing)}")
+        raise ValueError(f"gpu {name}: missing field(s) {', '.join(missing)}; give them, or "
+                         f"start from a catalog GPU with base: NAME ({', '.join(list_gpus())})")
     return GPUSpec(name=name, **data)
+
+
+def _with_base(kind: str, data: dict, memory_keys: tuple[str, ...] = ()) -> dict:
+    """``{base: NAME, field: value, ...}`` -> the catalog entry NAME with those fields replaced.
+
+    The name stays the base's unless one is given (vLLM's per-GPU defaults, e.g.
+    the A100 rule of kv-semantics D4, keep applying); the source says what changed.
+    """
+    singular = kind[:-1]
+    base = data.pop("base")
+    if not isinstance(base, str) or not base:
+        raise ValueError(f"{singular}.base must be a catalog {singular} name, got {base!r}")
+    found = _lookup(kind, base)
+    if found is None:
+        known = list_gpus() if kind == "gpus" else list_models()
+        raise ValueError(f"{singular}.base: {base!r} is not in the catalog; known: "
+                         f"{', '.join(known)}")
+    base_name, entry = found
+    merged = dict(entry)
+    if any(k in data for k in memory_keys):      # a new memory figure replaces the base's
+        for k in memory_keys:
+            merged.pop(k, None)
+    changed = sorted(k for k in data if k not in ("name", "source"))
+    merged.update(data)
+    merged.setdefault("name", base_name)
+    if "source" not in data:
+        merged["source"] = (f"catalog {singular} {base_name} with {', '.join(changed)} changed "
+                            f"(base source: {entry.get('source', '')})" if changed
+                            else entry.get("source", ""))
+    return merged
 
 
 # ---------------------------------------------------------------------- models
 _MODEL_FIELDS = {f.name for f in fields(ModelSpec)}
+_MODEL_INFO_KEYS = {"hf_repo", "notes"}  # kept in YAML, not in ModelSpec
 
 
 def load_model(spec: str | Mapping[str, Any] | ModelSpec) -> ModelSpec:
     """A :class:`ModelSpec` from a catalog name, a mapping, or a file path.
 
-    A mapping or file with ``num_hidden_layers`` is read as a Hugging Face
-    ``config.json`` (a folder holding one works too); otherwise its keys must
-    be ``ModelSpec`` fields.
+    A mapping or file that looks like a Hugging Face ``config.json``
+    (``num_hidden_layers``, ``model_type``, ``architectures`` or a nested
+    ``text_config``; a folder holding one works too) is read as one; otherwise
+    its keys must be ``ModelSpec`` fields, or ``base:`` and overrides.
     """
     if isinstance(spec, ModelSpec):
         return spec
@@ -156,125 +194,36 @@ def load_model(spec: str | Mapping[str, Any] | ModelSpec) -> ModelSpec:
 
 
 def model_from_mapping(mapping: Mapping[str, Any], default_name: str = "custom-model") -> ModelSpec:
-    if "num_hidden_layers" in mapping:
+    """A :class:`ModelSpec` from its fields, ``base: NAME`` plus changes, or a HF config.json."""
+    if _is_hf_config(mapping) and "base" not in mapping:
         return model_from_hf_config(mapping, default_name=default_name)
     data = dict(mapping)
+    if "base" in data:
+        data = _with_base("models", data)
     name = str(data.pop("name", default_name))
+    for key in _MODEL_INFO_KEYS:
+        data.pop(key, None)
     unknown = sorted(set(data) - _MODEL_FIELDS)
     if unknown:
         raise ValueError(f"model {name}: unknown field(s) {', '.join(unknown)}; allowed: "
-                         f"{', '.join(f.name for f in fields(ModelSpec) if f.name != 'name')}")
+                         f"{', '.join(f.name for f in fields(ModelSpec) if f.name != 'name')}, "
+                         f"base")
     missing = [f.name for f in fields(ModelSpec)
-               if f.name not in data and f.name != "name" and f.default is MISSING]
+               if f.name != "name" and f.name not in data and f.default is MISSING]
     if missing:
-        raise ValueError(f"model {name}: missing field(s) {', '.join(missing)} (or give a Hugging "
-                         f"Face config.json mapping, with num_hidden_layers)")
-    return ModelSpec(name=name, **data)
+        raise ValueError(f"model {name}: missing field(s) {', '.join(missing)}; give them, or "
+                         f"start from a catalog model with base: NAME, or give a Hugging Face "
+                         f"config.json")
+    try:
+        return ModelSpec(name=name, **data)
+    except TypeError as exc:  # defensive: a field of the wrong kind
+        raise ValueError(f"model {name}: {exc}") from None
 
 
-# torch_dtype -> bytes. vLLM's dtype="auto" serves float32 checkpoints in
-# 16 bits (it downcasts them), so float32 maps to 2 as well.
-_HF_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "half": 2, "float32": 2, "float": 2,
-                   "float8_e4m3fn": 1}
-
-
-def model_from_hf_config(config: Mapping[str, Any], default_name: str = "custom-model") -> ModelSpec:
-    """A :class:`ModelSpec` from a Hugging Face ``config.json`` mapping.
-
-    Reads Llama/Qwen/Mistral names (num_hidden_layers, num_key_value_heads,
-    head_dim or hidden/heads, intermediate_size), OPT names (ffn_dim,
-    word_embed_proj_dim must equal hidden_size), DeepSeek-V2/V3 MLA and MoE
-    names (kv_lora_rank, qk_rope_head_dim, n_routed_experts, n_shared_experts,
-    first_k_dense_replace), and Mixtral/Qwen-MoE names (num_local_experts,
-    num_experts). A nested ``text_config`` (multimodal wrappers) is used when
-    present.
-    """
-    cfg = dict(config)
-    if isinstance(cfg.get("text_config"), Mapping):
-        cfg = {**cfg, **cfg["text_config"]}
-    name = str(cfg.get("name") or cfg.get("_name_or_path") or default_name)
-    name = name.rstrip("/").split("/")[-1].lower() or default_name
-
-    def need(*keys: str):
-        for key in keys:
-            if cfg.get(key) is not None:
-                return cfg[key]
-        raise ValueError(f"config.json for {name}: missing {' or '.join(keys)}")
-
-    hidden = need("hidden_size", "d_model", "n_embd")
-    heads = need("num_attention_heads", "n_head")
-    layers = need("num_hidden_layers", "n_layer")
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    model_type = str(cfg.get("model_type", ""))
-    is_opt = model_type == "opt" or "ffn_dim" in cfg
-    if is_opt:
-        intermediate = need("ffn_dim")
-        gated = False
-        proj = cfg.get("word_embed_proj_dim", hidden)
-        if proj != hidden:
-            raise ValueError(f"config.json for {name}: word_embed_proj_dim ({proj}) != "
-                             f"hidden_size ({hidden}) is not supported")
-        tie_default = True
-        # OPTLearnedPositionalEmbedding keeps 2 extra rows (its offset).
-        positions = (cfg.get("max_position_embeddings") or 2048) + 2
-    else:
-        intermediate = need("intermediate_size", "n_inner", "ffn_dim")
-        act = str(cfg.get("hidden_act", cfg.get("activation_function", "silu")))
-        # Llama-family configs use a gated (SwiGLU/GeGLU) MLP; GPT-style gelu/relu do not.
-        gated = bool(cfg.get("gated_mlp", act in ("silu", "swiglu") or model_type in (
-            "llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe",
-            "deepseek_v2", "deepseek_v3", "gemma", "gemma2")))
-        tie_default = False
-        positions = 0
-    tie = bool(cfg.get("tie_word_embeddings", tie_default))
-
-    kv_lora = cfg.get("kv_lora_rank")
-    if kv_lora is not None:
-        nope = need("qk_nope_head_dim")
-        rope = need("qk_rope_head_dim")
-        head_dim = nope + rope
-        mla = dict(kv_lora_rank=kv_lora, qk_rope_head_dim=rope, qk_nope_head_dim=nope,
-                   v_head_dim=need("v_head_dim"), q_lora_rank=cfg.get("q_lora_rank"))
-    else:
-        head_dim = cfg.get("head_dim") or hidden // heads
-        mla = {}
-
-    experts = (cfg.get("n_routed_experts") or cfg.get("num_local_experts")
-               or cfg.get("num_experts") or 0)
-    moe: dict[str, int] = {}
-    if experts:
-        moe_width = cfg.get("moe_intermediate_size") or intermediate
-        shared = cfg.get("n_shared_experts") or 0
-        if not shared and cfg.get("shared_expert_intermediate_size"):
-            # Qwen-MoE states the shared expert by its width; count it in expert units.
-            shared = max(1, round(cfg["shared_expert_intermediate_size"] / moe_width))
-        moe = dict(num_experts=experts, num_experts_per_tok=need("num_experts_per_tok"),
-                   moe_intermediate_size=moe_width, num_shared_experts=shared,
-                   first_k_dense_layers=cfg.get("first_k_dense_replace") or 0)
-
-    dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16").replace("torch.", "")
-    if dtype not in _HF_DTYPE_BYTES:
-        raise ValueError(f"config.json for {name}: torch_dtype {dtype!r} is not supported; "
-                         f"allowed: {', '.join(_HF_DTYPE_BYTES)}")
-
-    return ModelSpec(
-        name=name,
-        num_layers=layers,
-        hidden_size=hidden,
-        num_attention_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        intermediate_size=intermediate,
-        vocab_size=need("vocab_size"),
-        gated_mlp=gated,
-        tie_word_embeddings=tie,
-        max_position_embeddings=cfg.get("max_position_embeddings") or cfg.get("n_positions") or 2048,
-        dtype_bytes=_HF_DTYPE_BYTES[dtype],
-        learned_position_embeddings=positions,
-        source="Hugging Face config.json",
-        **mla,
-        **moe,
-    )
+def _is_hf_config(mapping: Mapping[str, Any]) -> bool:
+    """A Hugging Face config.json: its own layer-count key, or a multimodal text_config."""
+    return ("num_hidden_layers" in mapping or isinstance(mapping.get("text_config"), Mapping)
+            or "model_type" in mapping or "architectures" in mapping)
 
 
 def _read_mapping(path: Path) -> dict:

@@ -29,6 +29,13 @@ class GPUSpec:
       all-reduce can use (NVLink where present, else the PCIe link).
     * ``interconnect_latency_us``: fixed cost of one small all-reduce.
     * ``pcie_bandwidth_gbps``: host link per direction (CPU swap).
+    * ``fp4_tflops``: dense FP4 tensor-core peak (Blackwell NVFP4/MXFP4), None
+      where there is none.
+    * ``nvlink_domain_size``: how many GPUs share ``interconnect_bandwidth_gbps``
+      (8 in an HGX board, 72 in a GB200 NVL72 rack); None: no limit given.
+      A TP/EP group larger than this crosses the scale-out network,
+      ``scaleout_bandwidth_gbps`` per GPU per direction (e.g. one 400 Gb/s NIC
+      per GPU = 50 GB/s).
     """
 
     name: str
@@ -40,6 +47,9 @@ class GPUSpec:
     interconnect_latency_us: float
     pcie_bandwidth_gbps: float
     source: str = ""
+    fp4_tflops: float | None = None
+    nvlink_domain_size: int | None = None
+    scaleout_bandwidth_gbps: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -48,8 +58,11 @@ class GPUSpec:
         for field in ("hbm_bandwidth_gbps", "bf16_tflops", "interconnect_bandwidth_gbps",
                       "pcie_bandwidth_gbps"):
             _positive(self.name, field, getattr(self, field))
-        if self.fp8_tflops is not None:
-            _positive(self.name, "fp8_tflops", self.fp8_tflops)
+        for field in ("fp8_tflops", "fp4_tflops", "scaleout_bandwidth_gbps"):
+            if getattr(self, field) is not None:
+                _positive(self.name, field, getattr(self, field))
+        if self.nvlink_domain_size is not None:
+            _positive(self.name, "nvlink_domain_size", self.nvlink_domain_size, integer=True)
         if not _is_number(self.interconnect_latency_us) or self.interconnect_latency_us < 0:
             raise ValueError(f"gpu {self.name}: interconnect_latency_us must be >= 0, "
                              f"got {self.interconnect_latency_us!r}")
@@ -57,6 +70,17 @@ class GPUSpec:
     @property
     def memory_gib(self) -> float:
         return self.memory_bytes / GIB
+
+    def link_bandwidth_gbps(self, group_size: int) -> float:
+        """Per-GPU bandwidth a collective over ``group_size`` GPUs can use.
+
+        Inside the NVLink domain: ``interconnect_bandwidth_gbps``; beyond it,
+        the ring or all-to-all is held back by the scale-out network.
+        """
+        if (self.nvlink_domain_size is not None and group_size > self.nvlink_domain_size
+                and self.scaleout_bandwidth_gbps is not None):
+            return min(self.interconnect_bandwidth_gbps, self.scaleout_bandwidth_gbps)
+        return self.interconnect_bandwidth_gbps
 
 
 def _is_number(value) -> bool:

@@ -13,6 +13,14 @@ KV layout, as vLLM sizes it (kv-semantics D3)::
     MLA:         layers x (kv_lora_rank + qk_rope_head_dim) x kv_dtype_bytes
                  (one latent vector per token, no separate V, same on every rank)
 
+Models that mix layer types (Gemma 3, gpt-oss, Llama 4, Qwen3-Next) say so
+with ``layer_pattern``, Hugging Face's ``layer_types`` names repeated over the
+layers: ``full_attention``, ``sliding_attention`` (``sliding_window`` keys),
+``chunked_attention`` (``attention_chunk_size``-token chunks, Llama 4) and
+``linear_attention`` (Gated DeltaNet: a constant-size state, no KV). Only the
+attention layers hold KV; :mod:`kvsim.specs.kv_groups` splits them into
+vLLM's KV-cache groups.
+
 Parameter counts ignore biases and norm weights (well under 0.1% of a 1B+
 model), as ``../shared/data/hw_models.yaml`` does for its ``derived_*`` figures.
 """
@@ -20,6 +28,8 @@ model), as ``../shared/data/hw_models.yaml`` does for its ``derived_*`` figures.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from kvsim.specs.model_params import ModelParams, _check_tp
 
 # kv_cache_dtype (vLLM's --kv-cache-dtype names) -> bytes per element; "auto"
 # means the model's own dtype. vLLM's fp8 variants all store one byte.
@@ -33,28 +43,42 @@ KV_CACHE_DTYPE_BYTES: dict[str, int | None] = {
     "int8": 1,
 }
 
+# Hugging Face layer_types values (transformers configs of Gemma 3, gpt-oss,
+# Qwen3-Next; Llama 4's chunked layers are its no_rope_layers == 1 ones).
+LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention", "linear_attention")
+ATTENTION_LAYER_TYPES = LAYER_TYPES[:3]
+
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(ModelParams):
     """A decoder-only transformer, by its config numbers (HF names in brackets).
 
     ``num_layers`` [num_hidden_layers], ``num_kv_heads`` [num_key_value_heads],
     ``intermediate_size`` is the dense MLP width (for MoE models the width of
-    the ``first_k_dense_layers`` dense layers), ``dtype_bytes`` the weight and
-    default KV element size (2 for bf16/fp16).
+    the dense layers), ``dtype_bytes`` the model's compute dtype, which is also
+    the default KV element size (2 for bf16/fp16).
 
     MLA (DeepSeek-V2/V3) is on when ``kv_lora_rank`` is set; then
     ``q_lora_rank`` (None = a full q projection), ``qk_nope_head_dim``,
     ``qk_rope_head_dim`` and ``v_head_dim`` describe the attention, and
     ``head_dim`` is the q/k head size ``qk_nope_head_dim + qk_rope_head_dim``.
 
-    MoE is on when ``num_experts`` > 0: layers after the first
-    ``first_k_dense_layers`` have ``num_experts`` routed experts of width
+    MoE is on when ``num_experts`` > 0: layer ``i`` (0-based) is an MoE layer
+    when ``i >= first_k_dense_layers`` and ``(i + 1) % moe_layer_step == 0``
+    (HF ``first_k_dense_replace``, ``interleave_moe_layer_step`` /
+    ``decoder_sparse_step``); it has ``num_experts`` routed experts of width
     ``moe_intermediate_size`` (``num_experts_per_tok`` active per token) plus
     ``num_shared_experts`` always-active experts of the same width.
 
+    ``weight_dtype_bytes`` is the bytes per weight of the linear layers when the
+    checkpoint is quantized (FP8 checkpoints: 1; None = ``dtype_bytes``, and then
+    the embedding and LM head too); ``expert_dtype_bytes`` that of the routed
+    experts (gpt-oss MXFP4: 4 bits + one 8-bit scale per 32 = 0.53125).
+
     ``learned_position_embeddings`` is the row count of a learned positional
     table (OPT: max_position_embeddings + 2); 0 for RoPE models.
+    ``attn_output_gate`` (Qwen3-Next) doubles q_proj: a sigmoid gate per query
+    channel multiplies the attention output.
     """
 
     name: str
@@ -79,21 +103,42 @@ class ModelSpec:
     moe_intermediate_size: int = 0
     num_shared_experts: int = 0
     first_k_dense_layers: int = 0
+    moe_layer_step: int = 1
     learned_position_embeddings: int = 0
+    layer_pattern: tuple[str, ...] | None = None
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    attn_output_gate: bool = False
+    weight_dtype_bytes: float | None = None
+    expert_dtype_bytes: float | None = None
     source: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"model.name must be a non-empty string, got {self.name!r}")
         for field in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads",
-                      "head_dim", "intermediate_size", "vocab_size", "max_position_embeddings"):
+                      "head_dim", "intermediate_size", "vocab_size", "max_position_embeddings",
+                      "moe_layer_step"):
             self._check_int(field, getattr(self, field), minimum=1)
         if self.dtype_bytes not in (1, 2, 4):
             raise ValueError(f"model {self.name}: dtype_bytes must be 1, 2 or 4, "
                              f"got {self.dtype_bytes!r}")
+        for field in ("weight_dtype_bytes", "expert_dtype_bytes"):
+            value = getattr(self, field)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not 0 < value <= 4):
+                raise ValueError(f"model {self.name}: {field} must be a number in (0, 4], "
+                                 f"got {value!r}")
         for field in ("num_experts", "num_experts_per_tok", "moe_intermediate_size",
                       "num_shared_experts", "first_k_dense_layers",
-                      "learned_position_embeddings"):
+                      "learned_position_embeddings", "linear_num_key_heads",
+                      "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+                      "linear_conv_kernel_dim"):
             self._check_int(field, getattr(self, field), minimum=0)
         if self.is_mla:
             for field in ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"):
@@ -114,11 +159,36 @@ class ModelSpec:
                 raise ValueError(f"model {self.name}: first_k_dense_layers "
                                  f"({self.first_k_dense_layers}) exceeds num_layers "
                                  f"({self.num_layers})")
+        self._check_layer_pattern()
 
     def _check_int(self, field: str, value, minimum: int) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
             what = "a positive integer" if minimum == 1 else "an integer >= 0"
             raise ValueError(f"model {self.name}: {field} must be {what}, got {value!r}")
+
+    def _check_layer_pattern(self) -> None:
+        pattern = self.layer_pattern
+        if pattern is None:
+            return
+        if isinstance(pattern, str) or not pattern:
+            raise ValueError(f"model {self.name}: layer_pattern must be a non-empty list of "
+                             f"layer types, got {pattern!r}")
+        if not isinstance(pattern, tuple):
+            object.__setattr__(self, "layer_pattern", tuple(pattern))  # YAML gives a list
+        bad = [t for t in self.layer_pattern if t not in LAYER_TYPES]
+        if bad:
+            raise ValueError(f"model {self.name}: layer_pattern has {bad[0]!r}; allowed: "
+                             f"{', '.join(LAYER_TYPES)}")
+        needs = {"sliding_attention": "sliding_window", "chunked_attention": "attention_chunk_size",
+                 "linear_attention": "linear_num_value_heads"}
+        for kind, field in needs.items():
+            if kind in self.layer_pattern and not getattr(self, field):
+                raise ValueError(f"model {self.name}: layer_pattern has {kind} layers but "
+                                 f"{field} is not set")
+        if self.is_mla and set(self.layer_pattern) - {"full_attention"}:
+            raise ValueError(f"model {self.name}: MLA with other layer types is not supported")
+        if not any(t in ATTENTION_LAYER_TYPES for t in self.layer_pattern):
+            raise ValueError(f"model {self.name}: layer_pattern has no attention layer")
 
     # ------------------------------------------------------------------ kinds
     @property
@@ -130,8 +200,46 @@ class ModelSpec:
         return self.num_experts > 0
 
     @property
+    def layer_types(self) -> tuple[str, ...]:
+        """Each layer's type: ``layer_pattern`` repeated and cut to ``num_layers``.
+
+        Gemma 3 (``sliding_window_pattern`` 6, 62 layers) is five sliding
+        layers then a full one, ten times, then two sliding: HF's own rule
+        ``"sliding" if (i + 1) % pattern else "full"``.
+        """
+        pattern = self.layer_pattern or ("full_attention",)
+        return tuple(pattern[i % len(pattern)] for i in range(self.num_layers))
+
+    def num_layers_of(self, *kinds: str) -> int:
+        return sum(1 for t in self.layer_types if t in kinds)
+
+    @property
+    def num_kv_layers(self) -> int:
+        """Layers that hold KV (every attention layer; not linear-attention ones)."""
+        return self.num_layers_of(*ATTENTION_LAYER_TYPES)
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether any layer is not full attention (vLLM: more than one KV-cache spec)."""
+        return any(t != "full_attention" for t in self.layer_types)
+
+    @property
+    def has_linear_attention(self) -> bool:
+        return "linear_attention" in self.layer_types
+
+    @property
+    def linear_conv_channels(self) -> int:
+        """Gated DeltaNet conv1d channels: q and k of every key head, v of every value head."""
+        return (2 * self.linear_num_key_heads * self.linear_key_head_dim
+                + self.linear_num_value_heads * self.linear_value_head_dim)
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return (self.is_moe and layer >= self.first_k_dense_layers
+                and (layer + 1) % self.moe_layer_step == 0)
+
+    @property
     def num_moe_layers(self) -> int:
-        return self.num_layers - self.first_k_dense_layers if self.is_moe else 0
+        return sum(1 for i in range(self.num_layers) if self.is_moe_layer(i))
 
     # ------------------------------------------------------------------ KV cache
     def kv_dtype_bytes(self, kv_cache_dtype: str = "auto") -> int:
@@ -154,14 +262,18 @@ class ModelSpec:
             return 1
         return max(1, self.num_kv_heads // tp)
 
-    def kv_bytes_per_token(self, kv_cache_dtype: str = "auto", tp: int = 1) -> int:
-        """KV-cache bytes one token takes on one rank, all layers together."""
+    def kv_bytes_per_token_layer(self, kv_cache_dtype: str = "auto", tp: int = 1) -> int:
+        """KV bytes one token takes in one attention layer on one rank (vLLM's page / block_size)."""
         elem = self.kv_dtype_bytes(kv_cache_dtype)
         if self.is_mla:
-            # vLLM MLA page: block_size x (kv_lora_rank + rope_dim) per layer (D3).
+            # vLLM MLAAttentionSpec: one head of kv_lora_rank + rope_dim, no V (D3).
             _check_tp(tp)
-            return self.num_layers * (self.kv_lora_rank + self.qk_rope_head_dim) * elem
-        return 2 * self.num_layers * self.kv_heads_per_rank(tp) * self.head_dim * elem
+            return (self.kv_lora_rank + self.qk_rope_head_dim) * elem
+        return 2 * self.kv_heads_per_rank(tp) * self.head_dim * elem
+
+    def kv_bytes_per_token(self, kv_cache_dtype: str = "auto", tp: int = 1) -> int:
+        """KV-cache bytes one token takes on one rank, all attention layers together."""
+        return self.num_kv_layers * self.kv_bytes_per_token_layer(kv_cache_dtype, tp)
 
     def kv_bytes_per_block(self, block_size: int, kv_cache_dtype: str = "auto", tp: int = 1) -> int:
         """Bytes of one KV block (``block_size`` tokens, all layers) on one rank."""
@@ -169,126 +281,18 @@ class ModelSpec:
             raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
         return block_size * self.kv_bytes_per_token(kv_cache_dtype, tp)
 
-    # ------------------------------------------------------------------ parameters
-    def _attention_params(self) -> tuple[int, int]:
-        """Per-layer attention parameters: (split across TP ranks, replicated)."""
-        h = self.hidden_size
-        if self.is_mla:
-            qk_head = self.qk_nope_head_dim + self.qk_rope_head_dim
-            heads = self.num_attention_heads
-            if self.q_lora_rank is None:
-                q = h * heads * qk_head                      # q_proj
-                q_repl = 0
-            else:
-                q = self.q_lora_rank * heads * qk_head       # q_b_proj (split)
-                q_repl = h * self.q_lora_rank                # q_a_proj (replicated)
-            kv_a = h * (self.kv_lora_rank + self.qk_rope_head_dim)  # replicated in vLLM
-            kv_b = self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim)
-            o = heads * self.v_head_dim * h
-            return q + kv_b + o, q_repl + kv_a
-        q = h * self.num_attention_heads * self.head_dim
-        kv = 2 * h * self.num_kv_heads * self.head_dim
-        o = self.num_attention_heads * self.head_dim * h
-        return q + kv + o, 0
+    def linear_state_bytes(self, tp: int = 1) -> int:
+        """One request's Gated DeltaNet state in one linear-attention layer, one rank.
 
-    def _mlp_params(self, width: int) -> int:
-        # Gated (SwiGLU): gate, up, down; plain (OPT, GPT): fc1, fc2.
-        return (3 if self.gated_mlp else 2) * self.hidden_size * width
-
-    def _embedding_params(self) -> tuple[int, int]:
-        """(input embedding, LM head) parameters; a tied head shares the table."""
-        emb = self.vocab_size * self.hidden_size
-        return emb, (0 if self.tie_word_embeddings else emb)
-
-    def _position_params(self) -> int:
-        return self.learned_position_embeddings * self.hidden_size
-
-    def num_params(self) -> int:
-        """Total parameters (all experts), biases and norms left out."""
-        split, repl = self._attention_params()
-        total = self.num_layers * (split + repl)
-        dense_layers = self.num_layers - self.num_moe_layers
-        total += dense_layers * self._mlp_params(self.intermediate_size)
-        if self.is_moe:
-            per_layer = ((self.num_experts + self.num_shared_experts)
-                         * self._mlp_params(self.moe_intermediate_size)
-                         + self.hidden_size * self.num_experts)  # router
-            total += self.num_moe_layers * per_layer
-        emb, head = self._embedding_params()
-        return total + emb + head + self._position_params()
-
-    def num_active_params(self, include_lm_head: bool = True) -> int:
-        """Parameters one token multiplies: routed experts counted at top-k.
-
-        The input embedding is a lookup, not a matmul, so it is left out; the
-        LM head is in (the tied table is multiplied once, as the head).
-        """
-        split, repl = self._attention_params()
-        total = self.num_layers * (split + repl)
-        dense_layers = self.num_layers - self.num_moe_layers
-        total += dense_layers * self._mlp_params(self.intermediate_size)
-        if self.is_moe:
-            per_layer = ((self.num_experts_per_tok + self.num_shared_experts)
-                         * self._mlp_params(self.moe_intermediate_size)
-                         + self.hidden_size * self.num_experts)
-            total += self.num_moe_layers * per_layer
-        if include_lm_head:
-            total += self.vocab_size * self.hidden_size
-        return total
-
-    def weight_bytes(self, tp: int = 1) -> int:
-        """Weight bytes one tensor-parallel rank holds.
-
-        As vLLM shards a Llama-style model: q/o projections, MLP and experts,
-        the embedding and the LM head (vocab-parallel) are split ``tp`` ways;
-        K/V projections hold ``kv_heads_per_rank(tp)`` heads (replicated when
-        tp > kv heads); MLA's down-projections (``kv_a_proj``, ``q_a_proj``)
-        are replicated. Checked against vLLM's log for Llama-3-8B
-        (14.96 GiB at tp=1, 7.48 GiB at tp=2; vLLM PR #10511).
+        vLLM ``MambaStateShapeCalculator.gated_delta_net_state_shape``: a conv
+        state of ``conv_channels / tp x (kernel - 1)`` and a recurrent state of
+        ``value_heads / tp x value_dim x key_dim``, both in the model dtype
+        (``mamba_cache_dtype`` / ``mamba_ssm_cache_dtype`` "auto").
         """
         _check_tp(tp)
-        h = self.hidden_size
-        if self.is_mla:
-            split, repl = self._attention_params()
-            per_layer = split / tp + repl
-        else:
-            q_o = 2 * h * self.num_attention_heads * self.head_dim
-            kv = 2 * h * self.kv_heads_per_rank(tp) * self.head_dim
-            per_layer = q_o / tp + kv
-        total = self.num_layers * per_layer
-        dense_layers = self.num_layers - self.num_moe_layers
-        total += dense_layers * self._mlp_params(self.intermediate_size) / tp
-        if self.is_moe:
-            experts = ((self.num_experts + self.num_shared_experts)
-                       * self._mlp_params(self.moe_intermediate_size))
-            total += self.num_moe_layers * (experts / tp + h * self.num_experts)
-        emb, head = self._embedding_params()
-        total += (emb + head) / tp + self._position_params()  # positions: replicated
-        return int(round(total * self.dtype_bytes))
-
-    # ------------------------------------------------------------------ FLOPs
-    def attention_flops_per_token(self, context_len: int) -> int:
-        """Score (QK^T) and value (PV) FLOPs of one token against ``context_len`` keys."""
-        if not isinstance(context_len, int) or isinstance(context_len, bool) or context_len < 0:
-            raise ValueError(f"context_len must be an integer >= 0, got {context_len!r}")
-        if self.is_mla:
-            qk_dim = self.qk_nope_head_dim + self.qk_rope_head_dim
-            v_dim = self.v_head_dim
-        else:
-            qk_dim = v_dim = self.head_dim
-        return 2 * self.num_layers * self.num_attention_heads * (qk_dim + v_dim) * context_len
-
-    def flops_per_token(self, context_len: int = 0, include_lm_head: bool = True) -> int:
-        """Forward FLOPs for one token: 2 x active params + attention against context.
-
-        ``include_lm_head`` counts the vocabulary projection, which an engine
-        runs only for tokens it samples (the last token of a prefill chunk, or
-        a decode token).
-        """
-        return (2 * self.num_active_params(include_lm_head)
-                + self.attention_flops_per_token(context_len))
-
-
-def _check_tp(tp) -> None:
-    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
-        raise ValueError(f"tp (tensor-parallel size) must be a positive integer, got {tp!r}")
+        if not self.has_linear_attention:
+            return 0
+        conv = self.linear_conv_channels // tp * (self.linear_conv_kernel_dim - 1)
+        recurrent = (self.linear_num_value_heads // tp * self.linear_value_head_dim
+                     * self.linear_key_head_dim)
+        return (conv + recurrent) * self.dtype_bytes
