@@ -321,3 +321,19 @@ def test_fit_to_steps_recovers_known_terms_exactly():
 def dataclasses_replace(obj, **kw):
     import dataclasses
     return dataclasses.replace(obj, **kw)
+
+
+def test_the_engine_time_modules_stay_in_the_cost_layer():
+    # kvsim/cost may not import the scheduler, simulator, scenario or the serve calibration
+    # (kvsim/calibrate_serve sits above the simulator; only cost/cli.py registers its command).
+    import ast
+    cost = Path(__file__).resolve().parents[1] / "kvsim" / "cost"
+    banned = ("kvsim.sched", "kvsim.sim", "kvsim.scenario", "kvsim.calibrate_serve", "calibration")
+    mine = ("__init__.py", "overhead.py", "presets.py", "overhead_fit.py", "engine_points.py",
+            "step_model.py")
+    for path in (cost / name for name in mine):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert not name.startswith(banned), f"{path.name} imports {name}"
