@@ -291,7 +291,7 @@ def test_inline_gpu_with_profile_gpu_name_is_accepted():
     ring_bytes = 2 * (2 - 1) / 2 * 1024 * model.hidden_size * 2
     allreduce = 2 * model.num_layers * (ar["sec_per_byte"] * ring_bytes + ar["const_s"])
     parts = (cm._linear_time(1024, 1) + cm._prefill_attention_time_scalar([1024], [0])
-             + cm._overhead_time(1))
+             + cm._cpu_time(1, 1, 1))
     assert cm.step_time(batch) == pytest.approx(parts + allreduce, rel=1e-12)
 
 
@@ -328,7 +328,7 @@ def test_mixed_step_decodes_use_the_mixed_coefficients_and_pure_decodes_do_not()
     assert mixed > pure
     step = cm.step_time(BatchShape.from_lists([256] + [1] * 32, [0] + [2048] * 32))
     parts = (cm._linear_time(288, 33) + cm._prefill_attention_time_scalar([256], [0]) + mixed
-             + cm._overhead_time(33))
+             + cm._cpu_time(33, 1, 33))
     assert step == pytest.approx(parts, rel=1e-12)
     # the fast path (all-decode steps) is untouched by the mixed coefficients
     assert cm.decode_step_times(32, np.array([32 * 2048]))[0] == pytest.approx(

@@ -8,6 +8,12 @@
 * ``{type: fitted, profile: NAME_OR_PATH}`` — coefficients fitted to measurements
   (shipped in ``kvsim/cost/profiles/NAME.json``, or a path).
 
+Roofline and fitted models also take the engine's time outside the GPU
+(``overhead.py``, ``presets.py``): ``engine_preset: NAME``, ``engine_overhead:
+{TERM: seconds} | FIT.json`` and ``gpu_scale``; the engine knobs they depend
+on (``enforce_eager``, ``cudagraph_capture_sizes``, the batch budget) come in
+as ``engine=EngineKnobs(...)``.
+
 Nothing here imports torch or triton.
 """
 
@@ -21,9 +27,16 @@ __all__ = ["BatchShape", "ConstantCostModel", "CostModel", "build_cost_model", "
            "COST_MODEL_TYPES"]
 
 
+ENGINE_KEYS = ("engine_preset", "engine_overhead", "gpu_scale")
+
+
 def build_cost_model(config: dict, *, model, gpu, tp: int = 1,
-                     kv_cache_dtype: str = "auto") -> CostModel:
-    """The cost model a scenario's ``cost_model:`` mapping asks for."""
+                     kv_cache_dtype: str = "auto", engine=None) -> CostModel:
+    """The cost model a scenario's ``cost_model:`` mapping asks for.
+
+    ``engine``: the scenario's ``presets.EngineKnobs`` (None: library use,
+    vLLM-like defaults for the batch budget).
+    """
     if config is None:
         config = {"type": "roofline"}
     if not isinstance(config, dict):
@@ -37,16 +50,33 @@ def build_cost_model(config: dict, *, model, gpu, tp: int = 1,
         return ConstantCostModel(float(value))
     if kind == "roofline":
         from kvsim.cost.roofline import RooflineParams, roofline_cost_model
-        return roofline_cost_model(model, gpu, tp, kv_cache_dtype, RooflineParams.from_config(config))
+        gpu_config = {k: v for k, v in config.items() if k not in ENGINE_KEYS}
+        if config.get("engine_preset") is not None:
+            for key in ("step_overhead_s", "request_overhead_s"):
+                if key in gpu_config:
+                    raise ValueError(f"cost_model.{key}: with an engine_preset the engine's CPU "
+                                     f"time is cost_model.engine_overhead (step_s, "
+                                     f"per_request_s, ...); set it there")
+        gpu_model = roofline_cost_model(model, gpu, tp, kv_cache_dtype,
+                                        RooflineParams.from_config(gpu_config))
+        return _with_engine(gpu_model, config, engine, tp, gpu)
     if kind == "fitted":
-        _check_keys(config, {"type", "profile"})
+        _check_keys(config, {"type", "profile", *ENGINE_KEYS})
         if not isinstance(config.get("profile"), str) or not config["profile"]:
             raise ValueError(f"cost_model.profile: {config.get('profile')!r}; a fitted cost model "
                              f"needs a shipped profile name (kvsim/cost/profiles/NAME.json) or a path")
         from kvsim.cost.fitted import fitted_cost_model, load_profile
-        return fitted_cost_model(load_profile(config["profile"]), model, gpu, tp, kv_cache_dtype)
+        gpu_model = fitted_cost_model(load_profile(config["profile"]), model, gpu, tp, kv_cache_dtype)
+        return _with_engine(gpu_model, config, engine, tp, gpu)
     raise ValueError(f"cost_model.type: {kind!r} is not a cost model; "
                      f"allowed: {', '.join(COST_MODEL_TYPES)}")
+
+
+def _with_engine(gpu_model, config: dict, engine, tp: int, gpu):
+    """The GPU model with the engine part the config and knobs ask for (unchanged without a preset)."""
+    from kvsim.cost.presets import resolve_engine_timing
+    timing = resolve_engine_timing(config, engine, tp=tp, gpu_name=getattr(gpu, "name", ""))
+    return gpu_model if timing is None else gpu_model.with_engine(timing)
 
 
 def _check_keys(config: dict, allowed: set[str]) -> None:

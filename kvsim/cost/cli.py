@@ -1,4 +1,4 @@
-"""``kvsim calibrate fit | report``: turn measurements into a cost profile, and publish errors.
+"""``kvsim calibrate fit | report | serve``: turn measurements into a cost profile, and publish errors.
 
 This is a command module (the CLI layer, like every ``cli.py``): ``report``
 drives ``kvsim.reports.calibration``, which replays serving runs through
@@ -44,6 +44,10 @@ def add_parser(subparsers) -> None:
     report.add_argument("--no-replay", action="store_true",
                         help="skip replaying the vLLM serving runs through kvsim.simulate")
     report.set_defaults(func=_report)
+    # `kvsim calibrate serve` replays serving runs through the simulator, so it lives above
+    # it (kvsim/calibrate_serve/cli.py); only its registration is here.
+    from kvsim.calibrate_serve.cli import add_serve_parser
+    add_serve_parser(sub)
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
 
 

@@ -4,16 +4,21 @@ Every operator costs ``calls * (max(sec_per_flop * FLOPs, sec_per_byte * bytes,
 floor_s) + const_s)``; attention adds ``sec_per_token`` per new token and prefill
 ``sec_per_causal_flop`` on the FLOPs of the causal diagonal;
 each tensor-parallel all-reduce costs ``sec_per_byte * 2 (tp-1)/tp * bytes +
-const_s`` (ring); the step adds a CPU/launch overhead ``const_s +
-sec_per_request * requests``, and swap traffic over PCIe. The roofline model
-derives the coefficients from datasheet numbers and efficiencies
-(``roofline.py``); the fitted model reads them from a profile
+const_s`` (ring). That is the GPU's time. The engine's time around it is a
+separate part (``overhead.py``): ``step time = max(kernels, launch) + cpu``,
+the kernels run on the CUDA-graph padded token count, and swap traffic over
+PCIe is added. Without an ``EngineTiming`` the engine part is the GPU model's
+own per-step term ``const_s + sec_per_request * requests`` (a profile's
+``overhead``, the roofline's ``step_overhead_s``), with no graphs. The
+roofline model derives the coefficients from datasheet numbers and
+efficiencies (``roofline.py``); the fitted model reads them from a profile
 (``fitted.py``). Quantities come from ``features.py``.
 """
 
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +26,7 @@ import numpy as np
 from kvsim.cost.base import BatchShape
 from kvsim.cost.features import (SAMPLED_OPS, RankShapes, causal_attention_flops,
                                  decode_attention_work, prefill_attention_work, prefill_wave_keys)
+from kvsim.cost.overhead import EngineTiming, step_terms
 
 
 @dataclass(frozen=True)
@@ -55,7 +61,7 @@ class CommCoefficients:
 
 @dataclass(frozen=True)
 class OverheadCoefficients:
-    """Per-step CPU work (scheduling, input preparation, launch, output processing)."""
+    """A GPU profile's own per-step CPU term (used when the model has no ``EngineTiming``)."""
 
     const_s: float = 0.0
     sec_per_request: float = 0.0
@@ -83,6 +89,9 @@ class StepCostModel:
     # kernel and cost more per key (fitted from mixed-step tables; None: same
     # as pure decode, which is all a roofline can say).
     mixed_decode_attention: OpCoefficients | None = None
+    # The engine's time outside the kernels (overhead.py); None: ``overhead``
+    # above is the whole engine part and no CUDA graphs are modelled.
+    engine: EngineTiming | None = None
 
     def __post_init__(self) -> None:
         sh = self.shapes
@@ -103,6 +112,14 @@ class StepCostModel:
         self._mixed_decode_coef = _decode_terms(self.decode_attention if mixed is None else mixed)
         self._allreduce_calls = sh.allreduce_calls
         self._ring_factor = 2.0 * (sh.tp - 1) / sh.tp
+        # The engine part as plain floats and padding tables (the per-step path reads these).
+        (self._fixed_cpu_s, self._per_request_s, self._per_prefill_s, self._per_sampled_s,
+         self._decode_pad, self._mixed_pad, self._decode_launch_s, self._mixed_launch_s,
+         self._eager_launch_s, self._gpu_scale) = step_terms(self.engine, self.overhead, sh.num_layers)
+
+    def with_engine(self, engine: EngineTiming | None) -> "StepCostModel":
+        """The same GPU model with another engine part."""
+        return dataclasses.replace(self, engine=engine)
 
     # ------------------------------------------------------------ public API
 
@@ -121,7 +138,17 @@ class StepCostModel:
         num_requests = len(num_new_tokens)
         num_tokens = sum(num_new_tokens)
         num_decode = num_new_tokens.count(1)
-        t = self._linear_time(num_tokens, num_sampled)
+        # CUDA graphs (overhead.CudaGraphs): a uniform decode batch and a mixed
+        # one may replay different graphs; the kernels run the padded count.
+        if num_decode == num_requests:
+            pad, launch = self._decode_pad, self._decode_launch_s
+        else:
+            pad, launch = self._mixed_pad, self._mixed_launch_s
+        if num_tokens < len(pad):
+            run_tokens = pad[num_tokens]
+        else:
+            run_tokens, launch = num_tokens, self._eager_launch_s
+        t = self._linear_time(run_tokens, num_sampled)
         if num_decode == num_requests:
             t += self._decode_attention_time_scalar(num_decode, float(sum(num_context_tokens)))
         else:
@@ -135,29 +162,39 @@ class StepCostModel:
                     contexts.append(c)
             t += self._prefill_attention_time_scalar(chunks, contexts)
             t += self._decode_attention_time_scalar(num_decode, float(decode_context), True)
-        t += self._allreduce_time(num_tokens)
-        t += self._overhead_time(num_requests)
+        t += self._allreduce_time(run_tokens)
+        t *= self._gpu_scale
+        if launch > t:          # the GPU waits for the CPU to launch its kernels
+            t = launch
+        t += self._cpu_time(num_requests, num_requests - num_decode, num_sampled)
         t += self.swap_sec_per_byte * swap_bytes
         return t
 
     def decode_step_times(self, num_seqs: int, context_token_sums: np.ndarray) -> np.ndarray:
         # The same operations, in the same order, as step_time on an all-decode
         # batch, so that the two agree bit for bit (the fast path relies on it).
-        linear = self._linear_time(num_seqs, num_seqs)
-        allreduce = self._allreduce_time(num_seqs)
-        overhead = self._overhead_time(num_seqs)
+        run_tokens, launch = self._decode_run_shape(num_seqs)
+        linear = self._linear_time(run_tokens, num_seqs)
+        allreduce = self._allreduce_time(run_tokens)
+        cpu = self._cpu_time(num_seqs, 0, num_seqs)
+        scale = self._gpu_scale
         if num_seqs <= 0 or len(context_token_sums) <= _SCALAR_DECODE_RUN:
             # Short runs (the common case): a loop of floats beats a dozen ufunc calls.
             sums = context_token_sums
             if isinstance(sums, np.ndarray):
                 sums = sums.tolist()
             attn = self._decode_attention_time_scalar
-            return np.array([linear + attn(num_seqs, float(s)) + allreduce + overhead for s in sums],
-                            dtype=float)
+            out = []
+            for s in sums:
+                g = (linear + attn(num_seqs, float(s)) + allreduce) * scale
+                out.append((g if g >= launch else launch) + cpu)
+            return np.array(out, dtype=float)
         t = self._decode_attention_times(num_seqs, np.array(context_token_sums, dtype=float))
         t += linear
         t += allreduce
-        t += overhead
+        t *= scale
+        np.maximum(t, launch, out=t)
+        t += cpu
         return t
 
     def decode_run_times(self, num_seqs: int, context_token_sum: int, start: float,
@@ -172,9 +209,11 @@ class StepCostModel:
         operations, in the same order, as ``step_time_from_lists`` on that
         all-decode batch, so the two agree bit for bit.
         """
-        linear = self._linear_time(num_seqs, num_seqs)
-        allreduce = self._allreduce_time(num_seqs)
-        overhead = self._overhead_time(num_seqs)
+        run_tokens, launch = self._decode_run_shape(num_seqs)
+        linear = self._linear_time(run_tokens, num_seqs)
+        allreduce = self._allreduce_time(run_tokens)
+        cpu = self._cpu_time(num_seqs, 0, num_seqs)
+        scale = self._gpu_scale
         spf, spb, floor_s, const_s, spt = self._decode_coef
         fpp, kvb = self._decode_flops_per_pair, self._kv_bytes_per_token_layer
         num_layers = self.shapes.num_layers
@@ -189,7 +228,10 @@ class StepCostModel:
             keys = float(context) + n
             per_layer = max(spf * (keys * fpp), spb * ((keys + n) * kvb + q_bytes), floor_s) \
                 + const_s + per_seq
-            d = linear + num_layers * per_layer + allreduce + overhead
+            d = (linear + num_layers * per_layer + allreduce) * scale
+            if d < launch:
+                d = launch
+            d += cpu
             t += d
             times.append(t)
             durations.append(d)
@@ -197,17 +239,32 @@ class StepCostModel:
         return times, durations
 
     def breakdown(self, batch: BatchShape) -> dict[str, float]:
-        """Seconds per component of a step (for reports and teaching)."""
+        """Seconds per component of a step (for reports and teaching); they add up to ``step_time``.
+
+        GPU parts are scaled by the engine's ``gpu_scale``; ``launch_wait``
+        is the time the GPU waits for kernel launches (``overhead.py``),
+        ``overhead`` the engine's CPU time.
+        """
         new, ctx = batch.num_new_tokens, batch.num_context_tokens
         decode = new == 1
-        out = {op.name: float(self._op_time(op, batch.total_new_tokens, batch.num_sampled))
+        uniform = bool(decode.all())
+        pad = self._decode_pad if uniform else self._mixed_pad
+        launch = self._decode_launch_s if uniform else self._mixed_launch_s
+        run_tokens = batch.total_new_tokens
+        if run_tokens < len(pad):
+            run_tokens = pad[run_tokens]
+        else:
+            launch = self._eager_launch_s
+        s = self._gpu_scale
+        out = {op.name: s * float(self._op_time(op, run_tokens, batch.num_sampled))
                for op in self.shapes.ops}
-        out["prefill_attention"] = (self._prefill_attention_time(new[~decode], ctx[~decode])
-                                    if (~decode).any() else 0.0)
-        out["decode_attention"] = self._decode_attention_time_scalar(
+        out["prefill_attention"] = s * (self._prefill_attention_time(new[~decode], ctx[~decode])
+                                        if (~decode).any() else 0.0)
+        out["decode_attention"] = s * self._decode_attention_time_scalar(
             int(decode.sum()), float(ctx[decode].sum()), bool((~decode).any()))
-        out["allreduce"] = self._allreduce_time(batch.total_new_tokens)
-        out["overhead"] = self._overhead_time(batch.num_requests)
+        out["allreduce"] = s * self._allreduce_time(run_tokens)
+        out["launch_wait"] = max(0.0, launch - sum(out.values()))
+        out["overhead"] = self._cpu_time(batch.num_requests, int((~decode).sum()), batch.num_sampled)
         out["swap"] = self.swap_sec_per_byte * batch.swap_bytes
         return out
 
@@ -307,8 +364,17 @@ class StepCostModel:
         ring_bytes = self._ring_factor * num_tokens * self.shapes.allreduce_bytes_per_token
         return calls * (self.allreduce.sec_per_byte * ring_bytes + self.allreduce.const_s)
 
-    def _overhead_time(self, num_requests: int) -> float:
-        return self.overhead.const_s + self.overhead.sec_per_request * num_requests
+    def _cpu_time(self, num_requests: int, num_prefill: int, num_sampled: int) -> float:
+        """The engine's serial CPU time of a step (``overhead.EngineOverhead``)."""
+        return (self._fixed_cpu_s + self._per_request_s * num_requests
+                + self._per_prefill_s * num_prefill + self._per_sampled_s * num_sampled)
+
+    def _decode_run_shape(self, num_seqs: int) -> tuple[int, float]:
+        """(tokens the kernels run, launch seconds) of a uniform decode step of ``num_seqs``."""
+        pad = self._decode_pad
+        if num_seqs < len(pad):
+            return pad[num_seqs], self._decode_launch_s
+        return num_seqs, self._eager_launch_s
 
 
 # Decode runs up to this many steps are costed in a Python loop, longer ones

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from kvsim.cost import build_cost_model
 from kvsim.cost.base import CostModel
+from kvsim.cost.presets import EngineKnobs
 from kvsim.sched.config import SchedulerConfig
 from kvsim.scenario.schema import (Scenario, ScenarioError, format_validation_error,
                                    parse_overrides, read_scenario_dict)
@@ -157,12 +158,22 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
         preemption_mode=eng.preemption_mode or "recompute",
         num_cpu_blocks=int(eng.swap_space * GIB) // block_bytes,
         swap_block_bytes=block_bytes, debug=eng.debug)
+    knobs = EngineKnobs(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                        enforce_eager=eng.enforce_eager,
+                        cudagraph_capture_sizes=(tuple(eng.cudagraph_capture_sizes)
+                                                 if eng.cudagraph_capture_sizes else None))
+    cost_config = sc.cost_model
+    fit_file = cost_config.get("engine_overhead") if isinstance(cost_config, dict) else None
+    if isinstance(fit_file, str) and not Path(fit_file).is_absolute():
+        # a `kvsim calibrate serve` result next to the scenario
+        cost_config = {**cost_config, "engine_overhead": str(base / fit_file)}
     try:
-        cost_model = build_cost_model(sc.cost_model, model=model, gpu=gpu, tp=tp,
-                                      kv_cache_dtype=eng.kv_cache_dtype)
+        cost_model = build_cost_model(cost_config, model=model, gpu=gpu, tp=tp,
+                                      kv_cache_dtype=eng.kv_cache_dtype, engine=knobs)
     except (ValueError, FileNotFoundError) as exc:
         msg = str(exc)
-        raise ScenarioError(msg if msg.startswith("cost_model") else f"cost_model: {msg}") from None
+        raise ScenarioError(msg if msg.startswith(("cost_model", "engine."))
+                            else f"cost_model: {msg}") from None
     return LoadedScenario(sc, data, base, model, gpu, tp, capacity, sched_config, cost_model, workload,
                           tuple(notes))
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -61,6 +61,9 @@ class EngineSection(_Section):
     kv_cache_dtype: Literal["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8"] = "auto"
     watermark: float | None = Field(None, ge=0.0, lt=1.0)
     scheduler_reserve_full_isl: bool = True
+    # CUDA graphs, modelled by cost_model.engine_preset (kvsim/cost/presets.py); None: the preset's default
+    enforce_eager: bool | None = None
+    cudagraph_capture_sizes: list[Annotated[int, Field(ge=1)]] | None = Field(None, min_length=1)
     debug: bool = False
     serve_args: str | None = Field(None, description="`vllm serve` flags, expanded into the keys "
                                                       "above when the file is read (docs/vllm.md)")
