@@ -2,27 +2,30 @@
 
 ::
 
-    workload specs ──> front end ──> router ──> replica k (engine: scheduler + KV + cost)
-                          ^                         │ on_done(req)
-                          └── follow-up turns, closed-loop clients ┘
+    workload specs ──> front end ──submit──> Fleet: router ──> replica k (scheduler + KV + cost)
+                          ^                                        │
+                          └────────────── on_done(req) ────────────┘
 
-The front end releases each request at its arrival time (or, for a later
-turn, ``think_time_s`` after the previous turn finishes on whichever replica
-served it; for closed-loop clients, when a request finishes), asks the router
-for a replica at that instant and submits it there. Replicas never talk to
-each other; the router reads their state (``ReplicaState``) at the arrival.
+``Fleet`` looks to a front end like one engine: ``submit(spec)`` routes the
+request at that instant (the router reads the replicas' ``ReplicaState``) and
+hands it to the chosen replica; ``on_done`` reports every finished or failed
+request, whichever replica ran it; ``close()`` says nothing more will come.
+Replicas never talk to each other.
 
-Until the lead's front end (kvsim/sim/frontend.py, #12) lands, ``Fleet``
-carries its own copy of the engine's arrival rules (URGENT arrival events, so
-a request arriving at a step boundary is seen by that step; releases at
-``finish + think_time``) so that a one-replica fleet reproduces
-``kvsim.simulate`` exactly (tests/test_fleet_runner.py checks it).
+The front end releases each request at its arrival time, a later turn
+``think_time_s`` after its previous turn finishes, a closed-loop client's next
+request when its last one finishes. The lead's engine rewrite (#12) moves
+those rules out of ``Engine`` into ``kvsim/sim/frontend.py``, which will drive
+a ``Fleet`` as it drives an engine; until then ``FrontEnd`` below is a copy of
+the engine's rules (URGENT arrival events, so a request arriving at a step
+boundary is seen by that step), so that a one-replica fleet reproduces
+``kvsim.simulate`` exactly (tests/test_fleet_runner.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from itertools import count
 
 import numpy as np
@@ -58,49 +61,83 @@ class FleetRun:
     replicas: list[PrototypeReplica]
     infos: list[ReplicaInfo]
     router: Router
-    num_routed: list[int] = field(default_factory=list)
+    num_routed: list[int]
 
 
 class Fleet:
     """Replicas of mixed pools behind one router (P/D pools: docs/fleet.md, not yet run)."""
 
     def __init__(self, pools: Sequence[PoolPlan], cluster: ClusterConfig, *, seed: int,
-                 fast_path: bool = True) -> None:
+                 env: simpy.Environment | None = None, fast_path: bool = True) -> None:
         if any(p.role != "mixed" for p in pools):
             raise NotImplementedError(
                 "cluster.pools: prefill/decode pools need the engine's remote-KV admission "
                 "(WAITING_FOR_REMOTE_KVS), which lands with the engine rewrite (#12); "
                 "see docs/fleet.md")
-        self.env = simpy.Environment(initial_time=0.0)
-        self.cluster = cluster
+        self.env = env if env is not None else simpy.Environment(initial_time=0.0)
+        self.on_done: Callable[[Request], None] | None = None
         next_index = count().__next__
         self.replicas: list[PrototypeReplica] = []
         self.infos: list[ReplicaInfo] = []
         for pool in pools:
             for k in range(pool.replicas):
                 name = f"{pool.name}-{k}"
-                self.replicas.append(make_replica(self.env, name, pool, on_done=self._on_done,
+                self.replicas.append(make_replica(self.env, name, pool, on_done=self._replica_done,
                                                   next_index=next_index, fast_path=fast_path))
                 self.infos.append(ReplicaInfo(name, pool.name, pool.role, pool.sched_config.block_size,
                                               pool.sched_config.num_gpu_blocks - 1))
         self.block_size = self.infos[0].block_size
-        rng = np.random.default_rng([seed, ROUTER_STREAM])
-        self.router = build_router(cluster.router, self.infos, rng)
+        self.router = build_router(cluster.router, self.infos, np.random.default_rng([seed, ROUTER_STREAM]))
         self._hash = router_needs_hashes(cluster.router)
         self.num_routed = [0] * len(self.replicas)
-        # Front-end state (a copy of the engine's arrival rules, see the module docstring).
-        self._specs: Iterator[RequestSpec] = iter(())
-        self._concurrency: int | None = None
-        self._arrivals_done = False
-        self._exhausted = False
-        self._closed = False
-        self._parked: dict[str, list[RequestSpec]] = {}
-        self._finished_at: dict[str, float] = {}
-        self._num_pending_releases = 0
+
+    # ------------------------------------------------ what a front end drives
+
+    def submit(self, spec: RequestSpec, arrival_time: float | None = None) -> None:
+        """Route ``spec`` now and hand it to the chosen replica."""
+        req = route_request(spec, self.block_size, hash_blocks=self._hash)
+        index = self.router.route(req, self.replicas, self.env.now)
+        self.num_routed[index] += 1
+        self.replicas[index].submit(spec, arrival_time)
+
+    def start(self) -> None:
+        for replica in self.replicas:
+            replica.start()
+
+    def close(self) -> None:
+        for replica in self.replicas:
+            replica.close()
+
+    def _replica_done(self, replica: PrototypeReplica, req: Request) -> None:
+        if self.on_done is not None:
+            self.on_done(req)
 
     # ------------------------------------------------------------------ run
 
     def run(self, specs: Iterable[RequestSpec], *, concurrency: int | None = None) -> FleetRun:
+        FrontEnd(self.env, self).run(specs, concurrency=concurrency)
+        return FleetRun(self.replicas, self.infos, self.router, self.num_routed)
+
+
+class FrontEnd:
+    """Releases requests to a target (``submit``/``start``/``close``/``on_done``) by the engine's rules.
+
+    A copy of ``Engine._arrivals``/``_park``/``_schedule_release`` and the
+    closed loop, standing in for the lead's ``kvsim/sim/frontend.py``.
+    """
+
+    def __init__(self, env: simpy.Environment, target) -> None:
+        self.env = env
+        self.target = target
+        target.on_done = self._on_done
+        self._specs: Iterator[RequestSpec] = iter(())
+        self._concurrency: int | None = None
+        self._arrivals_done = self._exhausted = self._closed = False
+        self._parked: dict[str, list[RequestSpec]] = {}
+        self._finished_at: dict[str, float] = {}
+        self._num_pending_releases = 0
+
+    def run(self, specs: Iterable[RequestSpec], *, concurrency: int | None = None) -> None:
         self._specs = iter(specs)
         self._concurrency = concurrency
         if concurrency:
@@ -110,15 +147,11 @@ class Fleet:
             self._maybe_close()
         else:
             self.env.process(self._arrivals())
-        for replica in self.replicas:
-            replica.start()
+        self.target.start()                  # after the arrivals process, as Engine.run orders them
         self.env.run()
         stuck = sum(len(v) for v in self._parked.values())
         if stuck:
             raise RuntimeError(f"{stuck} requests wait on requests that never arrived")
-        return FleetRun(self.replicas, self.infos, self.router, self.num_routed)
-
-    # ------------------------------------------------------------ front end
 
     def _arrivals(self):
         env = self.env
@@ -129,19 +162,11 @@ class Fleet:
             delay = spec.arrival_time_s - env.now
             if delay > 0:
                 yield _ArrivalTimeout(env, delay)
-            self._dispatch(spec, max(spec.arrival_time_s, env.now))
-        self._exhausted = True
-        self._arrivals_done = True
+            self.target.submit(spec, max(spec.arrival_time_s, env.now))
+        self._exhausted = self._arrivals_done = True
         self._maybe_close()
 
-    def _dispatch(self, spec: RequestSpec, arrival_time: float) -> None:
-        """Route ``spec`` now and submit it to the chosen replica."""
-        req = route_request(spec, self.block_size, hash_blocks=self._hash)
-        index = self.router.route(req, self.replicas, self.env.now)
-        self.num_routed[index] += 1
-        self.replicas[index].submit(spec, arrival_time)
-
-    def _on_done(self, replica: PrototypeReplica, req: Request) -> None:
+    def _on_done(self, req: Request) -> None:
         self._finished_at[req.request_id] = req.finish_time
         for spec in self._parked.pop(req.request_id, ()):
             self._schedule_release(spec, req.finish_time + spec.think_time_s)
@@ -158,13 +183,13 @@ class Fleet:
 
     def _schedule_release(self, spec: RequestSpec, at: float) -> None:
         if at <= self.env.now:
-            self._dispatch(spec, self.env.now)
+            self.target.submit(spec, self.env.now)
             return
         self._num_pending_releases += 1
 
         def release(_event, spec=spec, at=at):
             self._num_pending_releases -= 1
-            self._dispatch(spec, at)
+            self.target.submit(spec, at)
             self._maybe_close()
 
         ev = _ArrivalTimeout(self.env, max(0.0, at - self.env.now))
@@ -178,11 +203,10 @@ class Fleet:
             self._schedule_release(spec, self.env.now)
 
     def _maybe_close(self) -> None:
-        """Tell the replicas no more requests will come, once that is so."""
+        """Tell the target no more requests will come, once that is so."""
         if self._closed or not self._arrivals_done or self._num_pending_releases:
             return
         if any(self._parked.values()) or not self._exhausted:
             return
         self._closed = True
-        for replica in self.replicas:
-            replica.close()
+        self.target.close()
