@@ -1,9 +1,9 @@
 """What a router sees: the replicas' state at the arrival instant, and the request.
 
-``ReplicaState`` is the read-only protocol every router uses; the lead's
-``Engine`` (kvsim/sim/engine.py) satisfies it, and so does the prototype
-adapter in kvsim/fleet/replica.py and the fakes in the tests. Nothing a
-router calls changes a replica.
+``ReplicaState`` is the read-only protocol every router uses; ``Engine``
+(kvsim/sim/engine.py) satisfies it, and so do the fakes in the tests.
+Nothing a router calls changes what a replica will do (``Engine`` brings
+the blocks of a decode run in flight up to now before it answers).
 
     num_running            requests the replica's scheduler runs now
     num_waiting            requests queued there, including those that arrived

@@ -22,7 +22,7 @@ from kvsim.fleet.runner import Fleet, FleetRun
 from kvsim.metrics.summary import summarize
 from kvsim.scenario.loader import LoadedScenario, load_scenario
 from kvsim.scenario.schema import ScenarioError
-from kvsim.scenario.simulate import Result, itl_seconds, requests_frame
+from kvsim.scenario.simulate import Result, itl_seconds, requests_frame, steps_frame
 from kvsim.workload import build_workload
 
 _POOL_SECTIONS = ("model", "hardware", "engine", "cost_model")
@@ -109,7 +109,7 @@ def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig) -> 
     frames, step_frames, itls, per_replica = [], [], [], {}
     for k, (replica, info) in enumerate(zip(run.replicas, run.infos)):
         req = requests_frame(replica.done)
-        steps = pd.DataFrame(replica.steps.columns)
+        steps = steps_frame(replica)
         itl = itl_seconds(replica.done)
         per_replica[info.name] = {
             "pool": info.pool, "routed": run.num_routed[k],
