@@ -107,3 +107,15 @@ def test_disaggregated_pools_say_what_they_wait_for():
 def test_a_scenario_without_cluster_is_refused_by_simulate_cluster():
     with pytest.raises(ScenarioError, match="cluster: missing"):
         simulate_cluster(scenario())
+
+
+@pytest.mark.parametrize("router", ["least_loaded", "prefix_aware"])
+def test_a_fleets_skip_ahead_gives_the_step_paths_tables(router):
+    # Decode runs are not bounded by other replicas' events; submissions cut them.
+    cluster = {"replicas": 3, "router": router}
+    fast = simulate_cluster(scenario(cluster, sessions={"turns": 2, "think_time_s": 0.0}, num_requests=40))
+    slow = simulate_cluster(scenario(cluster, sessions={"turns": 2, "think_time_s": 0.0}, num_requests=40),
+                            fast_path=False)
+    pd.testing.assert_frame_equal(fast.requests, slow.requests)
+    pd.testing.assert_frame_equal(fast.steps, slow.steps)
+    assert sum(e.stats().num_runs for e in fast.run.replicas) > 0
