@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pandas as pd
 import pytest
 
 import kvsim
 from kvsim.scenario.cluster import simulate_cluster
 from kvsim.scenario.schema import ScenarioError
+from kvsim.workload import build_workload
 
 BASE = {
     "name": "fleet-test", "seed": 3, "model": "llama-3.1-8b", "hardware": {"gpu": "h100-sxm", "tp": 1},
@@ -66,8 +68,6 @@ def test_a_later_turn_under_session_affinity_runs_where_its_session_began():
     r = simulate_cluster(scenario({"replicas": 4, "router": "session_affinity"},
                                   sessions={"turns": 3, "think_time_s": 0.2}, num_requests=24))
     spec = kvsim.load_scenario(scenario(sessions={"turns": 3, "think_time_s": 0.2}, num_requests=24))
-    from kvsim.workload import build_workload
-    import numpy as np
     specs = list(build_workload(spec.workload, rng=np.random.default_rng(spec.seed)).requests())
     where = dict(zip(r.requests["request_id"], r.requests["replica"]))
     for s in specs:
@@ -75,7 +75,7 @@ def test_a_later_turn_under_session_affinity_runs_where_its_session_began():
             assert where[s.request_id] == where[s.after_request_id]
 
 
-def test_same_seed_same_bytes_with_a_random_router(tmp_path):
+def test_same_seed_same_bytes_with_a_random_router():
     a = simulate_cluster(scenario({"replicas": 3, "router": "random"}))
     b = simulate_cluster(scenario({"replicas": 3, "router": "random"}))
     pd.testing.assert_frame_equal(a.requests, b.requests)

@@ -33,7 +33,7 @@ import numpy as np
 
 from kvsim.fleet import config as cfg
 from kvsim.fleet.prefix_tree import ApproxPrefixTree
-from kvsim.fleet.scorers import PrecisePrefixScorer, make_scorer
+from kvsim.fleet.scorers import make_scorer
 from kvsim.fleet.state import ReplicaInfo, ReplicaState, RouteRequest
 
 
@@ -273,5 +273,3 @@ def build_router(config, infos: Sequence[ReplicaInfo], rng: np.random.Generator)
         return KvRouter(infos, rng, config)
     raise ValueError(f"cluster.router.policy: {policy!r} is not one of {', '.join(cfg.POLICIES)}")
 
-
-__all__ = ["Router", "build_router", "load", "argmin_first", "PrecisePrefixScorer"]
