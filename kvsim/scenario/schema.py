@@ -103,6 +103,7 @@ class Scenario(_Section):
     metrics: MetricsSection = MetricsSection()
     sweep: dict[str, Any] | None = None
     plan: dict[str, Any] | None = None     # read by `kvsim plan` only (docs/plan.md)
+    cluster: dict[str, Any] | None = None  # replicas, pools, routers: kvsim/fleet/config.py
     # Not part of the YAML: where relative paths in it resolve.
     base_dir: str = Field(".", exclude=True)
 

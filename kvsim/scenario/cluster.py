@@ -1,0 +1,128 @@
+"""A scenario with ``cluster:``: resolve its pools and simulate the fleet.
+
+The ``cluster:`` section itself is kvsim/fleet/config.py's; what needs the
+scenario layer is turning each pool into what a replica runs: a pool is the
+scenario with the pool's ``model``/``hardware``/``engine``/``cost_model``
+put over it, loaded by ``load_scenario`` like any scenario (so every default
+and every check is the one-replica one), its errors prefixed with the pool's
+YAML path. A scenario without ``cluster:`` never comes here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from kvsim.fleet.config import ClusterConfig, PoolConfig, PoolFacts, check_pools, parse_cluster_config
+from kvsim.fleet.replica import PoolPlan
+from kvsim.fleet.runner import Fleet, FleetRun
+from kvsim.metrics.summary import summarize
+from kvsim.scenario.loader import LoadedScenario, load_scenario
+from kvsim.scenario.schema import ScenarioError
+from kvsim.scenario.simulate import Result, itl_seconds, requests_frame, steps_frame
+from kvsim.workload import build_workload
+
+_POOL_SECTIONS = ("model", "hardware", "engine", "cost_model")
+_NOT_IN_POOL = ("cluster", "sweep", "plan")
+
+
+def load_cluster(sc: LoadedScenario) -> tuple[ClusterConfig, list[PoolPlan]]:
+    """The scenario's cluster section and one resolved plan per pool."""
+    try:
+        cluster = parse_cluster_config(sc.scenario.cluster)
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
+    pools = cluster.pool_list()
+    loaded = [sc if cluster.pools is None else _load_pool(sc, i, p) for i, p in enumerate(pools)]
+    facts = [PoolFacts(i, p.name, p.role, ls.model.name, ls.sched_config.block_size,
+                       ls.scenario.engine.kv_cache_dtype, ls.sched_config.max_model_len,
+                       (ls.sched_config.num_gpu_blocks - 1) * ls.sched_config.block_size)
+             for i, (p, ls) in enumerate(zip(pools, loaded))]
+    try:
+        check_pools(facts)
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
+    plans = []
+    for p, ls in zip(pools, loaded):
+        eng = ls.scenario.engine
+        plans.append(PoolPlan(
+            name=p.name, role=p.role, replicas=p.replicas, scheduler=ls.scheduler,
+            sched_config=ls.sched_config, cost_model=ls.cost_model, tp=ls.tp,
+            block_bytes_per_rank=ls.model.kv_bytes_per_block(eng.block_size, eng.kv_cache_dtype, ls.tp),
+            kv_replicated=bool(getattr(ls.model, "is_mla", False))))
+    return cluster, plans
+
+
+def _load_pool(sc: LoadedScenario, index: int, pool: PoolConfig) -> LoadedScenario:
+    data: dict[str, Any] = {k: v for k, v in sc.raw.items() if k not in _NOT_IN_POOL}
+    for key in _POOL_SECTIONS:
+        value = getattr(pool, key)
+        if value is None:
+            continue
+        base = data.get(key)
+        if key in ("hardware", "engine") and isinstance(base, dict):
+            value = {**base, **value}             # the pool's keys over the scenario's
+        data[key] = value
+    try:
+        return load_scenario(data, base_dir=sc.base_dir)
+    except ScenarioError as exc:
+        msg = str(exc)
+        where = f"cluster.pools[{index}]"
+        if msg.startswith(_POOL_SECTIONS):
+            raise ScenarioError(f"{where}.{msg}") from None
+        raise ScenarioError(f"{where} ({pool.name!r}): {msg}") from None
+
+
+@dataclass
+class FleetResult(Result):
+    """A fleet run: the fleet-wide tables and summary, plus each replica's summary.
+
+    ``requests`` and ``steps`` carry a ``replica`` column (the replica's name,
+    ``<pool>-<k>``); ``per_replica`` maps each name to its summary.
+    """
+
+    per_replica: dict[str, dict] = field(default_factory=dict)
+    run: FleetRun | None = field(default=None, repr=False)
+
+
+def simulate_cluster(scenario, *, overrides=None, fast_path: bool = True) -> FleetResult:
+    """Run a scenario that has a ``cluster:`` section (a ``LoadedScenario``, mapping or path)."""
+    sc = scenario if isinstance(scenario, LoadedScenario) else load_scenario(scenario, overrides=overrides)
+    if sc.scenario.cluster is None:
+        raise ScenarioError("cluster: missing; simulate_cluster runs scenarios with a cluster section")
+    cluster, plans = load_cluster(sc)
+    rng = np.random.default_rng(sc.seed)              # the workload's stream, as simulate() draws it
+    workload = build_workload(sc.workload, rng=rng, base_dir=sc.base_dir)
+    try:
+        fleet = Fleet(plans, cluster, seed=sc.seed, fast_path=fast_path)
+    except NotImplementedError as exc:
+        raise ScenarioError(str(exc)) from None
+    run = fleet.run(workload.requests(), concurrency=workload.concurrency)
+    return collect_fleet(run, sc, cluster)
+
+
+def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig) -> FleetResult:
+    slo = sc.scenario.slo.as_dict() or None
+    frames, step_frames, itls, per_replica = [], [], [], {}
+    for k, (replica, info) in enumerate(zip(run.replicas, run.infos)):
+        req = requests_frame(replica.done)
+        steps = steps_frame(replica)
+        itl = itl_seconds(replica.done)
+        per_replica[info.name] = {
+            "pool": info.pool, "routed": run.num_routed[k],
+            **summarize(req, steps, itl, num_gpu_blocks=info.num_usable_blocks + 1, slo=slo)}
+        frames.append(req.assign(replica=info.name))
+        step_frames.append(steps.assign(replica=info.name))
+        itls.append(itl)
+    requests = pd.concat(frames, ignore_index=True)
+    requests = requests.sort_values(["arrival_time_s"], kind="stable").reset_index(drop=True)
+    steps = pd.concat(step_frames, ignore_index=True)
+    itl = np.concatenate(itls) if itls else np.zeros(0)
+    total_blocks = sum(i.num_usable_blocks + 1 for i in run.infos)
+    summary = {"scenario": sc.name, "scheduler": sc.scheduler, "num_replicas": len(run.replicas),
+               "router": cluster.router.policy,
+               **summarize(requests, steps, itl, num_gpu_blocks=total_blocks, slo=slo)}
+    return FleetResult(summary, requests, steps, itl, sc, None, per_replica=per_replica, run=run)
