@@ -17,9 +17,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from kvsim.kv.hashing import block_hashes
-from kvsim.kv.offload import (
-    HIT, MISS, PENDING, OffloadTier, OffloadTiers, PrefixHit, TierSpec, chunk_keys,
-)
+from kvsim.kv.offload import HIT, MISS, PENDING, OffloadTier, TierSpec, chunk_keys
+from kvsim.kv.offload_stack import OffloadTiers, PrefixHit
 
 CHUNK = 1000          # bytes per chunk in these tests
 
@@ -74,7 +73,7 @@ def test_finishing_a_request_makes_its_head_most_recent():
     t = tier(chunks=4)
     stored(t, [1, 2], "a", [16, 32])
     stored(t, [3, 4], "b", [16, 32])
-    t.request_finished("a", [1, 2])          # fresh ranks, tail first
+    t.request_finished("a")                 # fresh ranks, tail first
     assert t.lru_order() == [4, 3, 2, 1]
 
 

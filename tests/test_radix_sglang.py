@@ -101,7 +101,7 @@ def sglang():
     proc.wait(timeout=30)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.large_base_example,
                                                                  HealthCheck.too_slow])
 @given(data=st.data(), page_size=st.sampled_from([1, 1, 2, 4]), size=st.integers(12, 64),
        clock=st.sampled_from(["counter", "step"]))

@@ -28,27 +28,16 @@ its ``LRUCachePolicy`` (``vllm/v1/kv_offload/cpu/{manager,policies/lru}.py``):
   ranks tail first, so the head is the most recent (as the GPU pool frees
   blocks, kv-semantics B6).
 
-``OffloadTiers`` stacks tiers, fastest first, with one of two lookups:
-
-* ``vllm`` (``TieringOffloadingManager``): every chunk stored in the first
-  tier is cascaded to all the others; a lookup walks the chunks and takes
-  each from the first tier that has it; a chunk found only in a lower tier
-  must first be promoted into the first tier, so the hit is *pending* (the
-  request retries) until that copy completes;
-* ``lmcache`` (``StorageManager.batched_put`` / ``async_lookup_and_prefetch``):
-  puts go to every backend; the prefix is served tier by tier (the first tier
-  covers chunks 0..t1, the next continues from t1, and so on) and chunks read
-  from a lower tier are written back to the first (CPU) tier.
+``offload_stack.py`` stacks tiers (CPU, then disk, then a shared store).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 MEDIA = ("cpu", "disk", "remote")
-SEMANTICS = ("vllm", "lmcache")
 MISS, HIT, PENDING = "miss", "hit", "pending"
 
 
@@ -95,25 +84,6 @@ class StoreResult:
     evicted: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class PrefixHit:
-    """Leading chunks found, and which tier serves each run of them.
-
-    ``tiers`` lists ``(tier name, chunks)`` in prefix order, e.g.
-    ``(("cpu", 3), ("disk", 2))``: chunks 0-2 from the CPU, 3-4 from disk.
-    ``pending``: some of them cannot be read yet (a store in flight, or with
-    ``vllm`` semantics a promotion into the first tier); vLLM then defers the
-    request (``get_num_new_matched_tokens`` returns None) and asks again.
-    """
-
-    num_chunks: int
-    tiers: tuple[tuple[str, int], ...]
-    pending: bool = False
-
-    def chunks_from(self, name: str) -> int:
-        return sum(n for t, n in self.tiers if t == name)
-
-
 def chunk_keys(block_hashes: Sequence[int], blocks_per_chunk: int) -> list[int]:
     """The key of each full chunk: the hash of its last block (``update_offload_keys``)."""
     if blocks_per_chunk < 1:
@@ -140,6 +110,7 @@ class OffloadTier:
         self._heap: list[tuple[tuple[int, int], int]] = []   # lazy: stale entries skipped
         self._next_rank = 0
         self._request_rank: dict[object, int] = {}
+        self._seen: dict[object, dict[int, int | None]] = {}    # request -> chunks it used, position
         self.num_stored = self.num_evicted = self.num_failed = 0
         self.bytes_written = self.bytes_read = 0
 
@@ -177,17 +148,19 @@ class OffloadTier:
 
         ``positions[i]``: end token of chunk i in its request (its provisional
         rank puts a request's tail before its head). Chunks already held are
-        skipped (vLLM dedups stores). Returns None, changing nothing, when the
-        evictable chunks cannot make room (``prepare_store``).
+        skipped (vLLM dedups stores); the ready ones count as the request's
+        use of them. Returns None, changing nothing else, when the evictable
+        chunks cannot make room (``CPUOffloadingManager.prepare_store``).
         """
-        positions = positions if positions is not None else [None] * len(keys)
-        new = [(k, p) for k, p in zip(keys, positions) if k not in self._ref]
-        # Ready chunks offered again count as this request's use of them.
-        self._record_access([(k, p) for k, p in zip(keys, positions) if self._ref.get(k, -1) >= 0],
-                            request_id)
+        keys = list(keys)
+        positions = list(positions) if positions is not None else [None] * len(keys)
+        ref = self._ref
+        new = [(k, p) for k, p in zip(keys, positions) if k not in ref]
+        self._record_access([(k, p) for k, p in zip(keys, positions)
+                             if k not in ref or ref[k] >= 0], request_id)
         if not new:
             return StoreResult((), ())
-        shortfall = len(self._ref) + len(new) - self.capacity_chunks
+        shortfall = len(ref) + len(new) - self.capacity_chunks
         evicted: list[int] = []
         if shortfall > 0:
             victims = self._victims(shortfall, protected=set(keys))
@@ -195,12 +168,12 @@ class OffloadTier:
                 self.num_failed += len(new)
                 return None
             for k in victims:
-                del self._ref[k]
+                del ref[k]
                 del self._rank[k]
             evicted = victims
             self.num_evicted += len(victims)
         for k, p in new:
-            self._ref[k] = -1
+            ref[k] = -1
             self._rank[k] = self._rank_for(request_id, p)
         self.num_stored += len(new)
         self.bytes_written += len(new) * self.chunk_bytes
@@ -223,13 +196,15 @@ class OffloadTier:
     def prepare_load(self, keys: Sequence[int], request_id=None,
                      positions: Sequence[int] | None = None) -> None:
         """Pin ready chunks for a read (protected from eviction until ``complete_load``)."""
+        keys = list(keys)
         for k in keys:
             ref = self._ref.get(k)
             if ref is None or ref < 0:
                 raise ValueError(f"tier {self.name!r}: chunk {k} is not ready to load")
-            self._ref[k] = ref + 1
+        for k in keys:
+            self._ref[k] += 1
         self.bytes_read += len(keys) * self.chunk_bytes
-        positions = positions if positions is not None else [None] * len(keys)
+        positions = list(positions) if positions is not None else [None] * len(keys)
         self._record_access(list(zip(keys, positions)), request_id)
 
     def complete_load(self, keys: Iterable[int]) -> None:
@@ -250,9 +225,19 @@ class OffloadTier:
                 if self._ref[k] == 0:
                     heapq.heappush(self._heap, (self._rank[k], k))
 
-    def request_finished(self, request_id, keys: Sequence[int]) -> None:
-        """Commit the request's recency: its chunks, in prefix order, touched (``on_request_finished``)."""
+    def request_finished(self, request_id) -> None:
+        """Commit the request's recency (``on_request_finished``).
+
+        Every chunk the request stored, loaded or offered again, head to tail
+        (by position when all are known), is touched: fresh ranks, tail first.
+        """
         self._request_rank.pop(request_id, None)
+        seen = self._seen.pop(request_id, None)
+        if not seen:
+            return
+        keys = list(seen)
+        if None not in seen.values():
+            keys.sort(key=seen.__getitem__)
         self.touch(keys)
 
     # ------------------------------------------------------------ private
@@ -261,20 +246,34 @@ class OffloadTier:
         if position is None or request_id is None:
             self._next_rank += 1
             return (self._next_rank, 0)
+        return (self._request_rank_of(request_id), -position)
+
+    def _request_rank_of(self, request_id) -> int:
+        """The rank all of a request's chunks share, given at its first access (``_get_request_rank``)."""
         rank = self._request_rank.get(request_id)
         if rank is None:
             self._next_rank += 1
             rank = self._request_rank[request_id] = self._next_rank
-        return (rank, -position)
+        return rank
 
     def _record_access(self, keyed: list[tuple[int, int | None]], request_id) -> None:
-        """A request's use of chunks it did not store: a provisional rank (``on_request_access``)."""
+        """A request's first use of each chunk (``_record_request_cache_access``).
+
+        Marks it seen; a chunk already held gets the request's provisional
+        rank if that is more recent (``LRUCachePolicy.on_request_access``).
+        """
         if request_id is None:
             return
-        for k, p in keyed:
+        seen = self._seen.setdefault(request_id, {})
+        new = [(k, p) for k, p in keyed if k not in seen]
+        if not new:
+            return
+        request_rank = self._request_rank_of(request_id)
+        for k, p in new:
+            seen[k] = p
             if p is None or k not in self._ref:
                 continue
-            rank = self._rank_for(request_id, p)
+            rank = (request_rank, -p)
             if self._rank[k] < rank:
                 self._rank[k] = rank
                 if self._ref[k] == 0:
@@ -304,102 +303,3 @@ class OffloadTier:
             self._heap = [(self._rank[k], k) for k, r in self._ref.items() if r == 0]
             heapq.heapify(self._heap)
         return out
-
-
-@dataclass
-class LoadPlan:
-    """The reads a hit needs, per tier, and the write-backs into the first tier."""
-
-    reads: dict[str, list[int]] = field(default_factory=dict)
-    promotions: list[int] = field(default_factory=list)
-
-
-class OffloadTiers:
-    """Tiers stacked fastest first, with ``vllm`` or ``lmcache`` lookups (module doc)."""
-
-    def __init__(self, tiers: Sequence[OffloadTier], *, semantics: str = "vllm") -> None:
-        if not tiers:
-            raise ValueError("kv_offload needs at least one tier")
-        if semantics not in SEMANTICS:
-            raise ValueError(f"semantics: {semantics!r} is not one of {', '.join(SEMANTICS)}")
-        names = [t.name for t in tiers]
-        if len(set(names)) != len(names):
-            raise ValueError(f"tier names must differ, got {names}")
-        if len({t.chunk_bytes for t in tiers}) != 1:
-            raise ValueError("every tier must use the same chunk size")
-        self.tiers = list(tiers)
-        self.semantics = semantics
-        self.by_name = {t.name: t for t in tiers}
-
-    @property
-    def first(self) -> OffloadTier:
-        return self.tiers[0]
-
-    def lookup(self, keys: Sequence[int], start: int = 0) -> PrefixHit:
-        """The longest run of chunks ``keys[start:]`` the tiers can serve, by tier."""
-        if self.semantics == "lmcache":
-            return self._lookup_lmcache(keys, start)
-        return self._lookup_vllm(keys, start)
-
-    def plan_load(self, keys: Sequence[int], start: int, hit: PrefixHit) -> LoadPlan:
-        """Which chunks each tier reads for ``hit``; lower-tier chunks are also written to the first."""
-        plan = LoadPlan()
-        i = start
-        for name, n in hit.tiers:
-            plan.reads.setdefault(name, []).extend(keys[i:i + n])
-            if name != self.first.name:
-                plan.promotions.extend(keys[i:i + n])
-            i += n
-        return plan
-
-    def store(self, keys: Sequence[int], request_id=None,
-              positions: Sequence[int] | None = None) -> dict[str, StoreResult | None]:
-        """Write-through: offer the chunks to every tier (vLLM cascades, LMCache puts to all)."""
-        return {t.name: t.prepare_store(keys, request_id, positions) for t in self.tiers}
-
-    def complete_store(self, keys: Iterable[int], tier: str | None = None, success: bool = True) -> None:
-        keys = list(keys)
-        for t in ([self.by_name[tier]] if tier else self.tiers):
-            t.complete_store(keys, success)
-
-    def request_finished(self, request_id, keys: Sequence[int]) -> None:
-        for t in self.tiers:
-            t.request_finished(request_id, keys)
-
-    # ------------------------------------------------------------ private
-
-    def _lookup_vllm(self, keys: Sequence[int], start: int) -> PrefixHit:
-        runs: list[list] = []
-        pending = False
-        for k in keys[start:]:
-            where = None
-            state = self.first.lookup(k)
-            if state != MISS:
-                where, pending = self.first.name, pending or state == PENDING
-            else:
-                for t in self.tiers[1:]:
-                    s = t.lookup(k)
-                    if s != MISS:
-                        # Found below the first tier: promoted before it can be
-                        # loaded, so the lookup asks to retry (LookupResult.RETRY).
-                        where, pending = t.name, True
-                        break
-            if where is None:
-                break
-            if runs and runs[-1][0] == where:
-                runs[-1][1] += 1
-            else:
-                runs.append([where, 1])
-        return PrefixHit(sum(n for _, n in runs), tuple((t, n) for t, n in runs), pending)
-
-    def _lookup_lmcache(self, keys: Sequence[int], start: int) -> PrefixHit:
-        runs = []
-        i = start
-        for t in self.tiers:
-            n = 0
-            while i + n < len(keys) and t.lookup(keys[i + n]) == HIT:
-                n += 1
-            if n:
-                runs.append((t.name, n))
-            i += n
-        return PrefixHit(i - start, tuple(runs), False)
