@@ -160,6 +160,10 @@ class RadixCache:
             return 0
         if value is None:
             value = list(key)
+        if self.page_size != 1:
+            # Whole pages only (0.5.x insert: key.page_aligned; 0.4.6's callers cut first).
+            aligned = len(key) // self.page_size * self.page_size
+            key, value = key[:aligned], value[:aligned]
         return self._insert_helper(self.root_node, list(key), list(value), inserted_len)
 
     def cache_finished_req(self, req) -> None:

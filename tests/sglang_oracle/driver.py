@@ -32,8 +32,12 @@ from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")       # the paged kernels, on CPU
 
-REAL = ("sglang.srt.mem_cache.base_prefix_cache", "sglang.srt.mem_cache.radix_cache",
-        "sglang.srt.mem_cache.memory_pool", "sglang.srt.mem_cache.paged_allocator")
+REAL_046 = ("sglang.srt.mem_cache.base_prefix_cache", "sglang.srt.mem_cache.radix_cache",
+            "sglang.srt.mem_cache.memory_pool", "sglang.srt.mem_cache.paged_allocator")
+# 0.5.x: the tree, its parameter types and eviction strategies; the rest is stubbed.
+REAL_05 = ("sglang.srt.mem_cache.base_prefix_cache", "sglang.srt.mem_cache.radix_cache",
+           "sglang.srt.mem_cache.evict_policy", "sglang.srt.mem_cache.cache_init_params")
+REAL = REAL_046
 
 
 class _Anything:
@@ -69,10 +73,29 @@ def _utils_stub() -> types.ModuleType:
     return m
 
 
+def _mem_cache_utils_stub() -> types.ModuleType:
+    """0.5.x ``mem_cache/utils.py`` imports CUDA kernels; the tree needs two of its functions."""
+    m = types.ModuleType("sglang.srt.mem_cache.utils")
+
+    def get_eviction_strategy(policy, config=None):
+        ep = importlib.import_module("sglang.srt.mem_cache.evict_policy")
+        return {"lru": ep.LRUStrategy, "lfu": ep.LFUStrategy, "fifo": ep.FIFOStrategy,
+                "mru": ep.MRUStrategy, "filo": ep.FILOStrategy}[policy]()
+    m.get_eviction_strategy = get_eviction_strategy
+    m.split_node_hash_value = lambda hash_value, split_len, page_size: (None, None)
+    return m
+
+
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def __init__(self, src: Path):
         self.src = src
         self.zip = zipfile.ZipFile(src) if src.is_file() else None
+
+    def has(self, name: str) -> bool:
+        rel = name.replace(".", "/") + ".py"
+        if self.zip is not None:
+            return rel in self.zip.namelist()
+        return (self.src / rel).exists()
 
     def _source(self, name: str) -> str:
         rel = name.replace(".", "/") + ".py"
@@ -86,12 +109,16 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
     def create_module(self, spec):
-        if spec.name == "sglang.srt.utils":
+        if spec.name == "sglang.srt.utils" and REAL is REAL_046:
             return _utils_stub()
+        if spec.name == "sglang.srt.mem_cache.utils":
+            return _mem_cache_utils_stub()
         if spec.name in REAL:
             return None
         m = _StubModule(spec.name)
         m.__path__ = []
+        if spec.name == "sglang.srt.utils.common":
+            m.ceil_align = lambda x, a: -(-x // a) * a
         return m
 
     def exec_module(self, module):
@@ -110,6 +137,9 @@ class Clock:
         if self.mode == "counter":
             self.now += 1
         return float(self.now)
+
+    def perf_counter(self):
+        return 0.0                      # 0.5.x times its evictions for metrics only
 
 
 class ReqToTokenPool:
@@ -288,14 +318,88 @@ class World:
                 "free": [int(x) for x in free]}
 
 
+class TreeWorld:
+    """SGLang 0.5.x ``RadixCache.create_simulated``: tree-level operations only."""
+
+    def __init__(self, rc, bp, torch, case):
+        self.rc, self.bp, self.torch = rc, bp, torch
+        self.clock = Clock("counter")
+        rc.time = self.clock
+        self.freed: list[int] = []
+        world = self
+
+        class Allocator:
+            device = "cpu"
+
+            def free_segment(self, idx, start_pos=0):
+                world.freed += [int(x) for x in idx]
+
+            free = free_segment
+        self.tree = rc.RadixCache.create_simulated(mock_allocator=Allocator(),
+                                                    page_size=case.get("page_size", 1))
+        self.tree.eviction_policy = case.get("policy", "lru")
+        self.tree.eviction_strategy = sys.modules["sglang.srt.mem_cache.utils"].get_eviction_strategy(
+            self.tree.eviction_policy)
+        self.handles = {}
+
+    def key(self, tokens):
+        from array import array
+        return self.rc.RadixKey(array("q", tokens))
+
+    def op_insert(self, o):
+        r = self.tree.insert(self.bp.InsertParams(
+            key=self.key(o["key"]), value=self.torch.tensor(o["value"], dtype=self.torch.int64),
+            inserted_len=o.get("inserted_len", 0)))
+        return r.prefix_len
+
+    def op_match(self, o):
+        r = self.tree.match_prefix(self.bp.MatchPrefixParams(key=self.key(o["key"])))
+        if "h" in o:
+            self.handles[o["h"]] = r.last_device_node
+        return r.device_prefix_len
+
+    def op_lock(self, o):
+        self.tree.inc_lock_ref(self.handles[o["h"]])
+
+    def op_unlock(self, o):
+        self.tree.dec_lock_ref(self.handles[o["h"]])
+
+    def op_evict(self, o):
+        return self.tree.evict(self.bp.EvictParams(num_tokens=o["n"])).num_tokens_evicted
+
+    def snapshot(self, result):
+        def node(n):
+            return [[int(t) for t in n.key.token_ids], [int(v) for v in n.value], n.lock_ref,
+                    n.hit_count, [node(c) for c in n.children.values()]]
+        return {"r": result, "tree": node(self.tree.root_node), "ev": int(self.tree.evictable_size()),
+                "pr": int(self.tree.protected_size()), "freed": list(self.freed)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--src", required=True, type=Path)
     ap.add_argument("--lines", action="store_true",
                     help="one case per input line, one result per output line (a long-lived driver)")
     args = ap.parse_args()
-    sys.meta_path.insert(0, _Finder(args.src))
+    global REAL
+    finder = _Finder(args.src)
+    if finder.has("sglang.srt.mem_cache.evict_policy"):
+        REAL = REAL_05
+    sys.meta_path.insert(0, finder)
     import torch
+    if REAL is REAL_05:
+        rc = importlib.import_module("sglang.srt.mem_cache.radix_cache")
+        bp = importlib.import_module("sglang.srt.mem_cache.base_prefix_cache")
+
+        def run(case):
+            world = TreeWorld(rc, bp, torch, case)
+            return [world.snapshot(getattr(world, "op_" + o["op"])(o)) for o in case["ops"]]
+        if args.lines:
+            for line in sys.stdin:
+                print(json.dumps(run(json.loads(line))), flush=True)
+        else:
+            json.dump([run(c) for c in json.load(sys.stdin)["cases"]], sys.stdout)
+        return
     rc = importlib.import_module("sglang.srt.mem_cache.radix_cache")
     mp = importlib.import_module("sglang.srt.mem_cache.memory_pool")
     pa = importlib.import_module("sglang.srt.mem_cache.paged_allocator")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 
+from kvsim.kv.radix import RadixCache
 from kvsim.kv.radix_pool import RadixKVPool, RadixRequest
 
 # A few shared stems so that prompts match, split nodes and duplicate each other.
@@ -200,4 +201,94 @@ def make_script(choose, *, size: int, page_size: int = 1, clock: str = "counter"
             do({"op": "evict", "n": choose(2 * page_size + 8)})
         elif clock == "step":
             do({"op": "tick"})
+    return case
+
+
+# ------------------------------------------------ tree-level scripts (SGLang 0.5.x)
+
+
+class KvsimTree:
+    """kvsim's ``RadixCache`` on the tree-level operations of driver.py's ``TreeWorld``."""
+
+    def __init__(self, case: dict) -> None:
+        self.now = 0
+        self.freed: list[int] = []
+        world = self
+
+        class Allocator:
+            def free(self, slots):
+                world.freed += list(slots)
+        self.tree = RadixCache(Allocator(), case.get("page_size", 1), clock=self._clock,
+                               eviction_policy=case.get("policy", "lru"))
+        self.handles: dict = {}
+
+    def _clock(self) -> int:
+        self.now += 1
+        return self.now
+
+    def apply(self, o: dict):
+        return getattr(self, "op_" + o["op"])(o)
+
+    def op_insert(self, o):
+        return self.tree.insert(o["key"], o["value"], o.get("inserted_len", 0))
+
+    def op_match(self, o):
+        value, node = self.tree.match_prefix(o["key"])
+        if "h" in o:
+            self.handles[o["h"]] = node
+        return len(value)
+
+    def op_lock(self, o):
+        self.tree.inc_lock_ref(self.handles[o["h"]])
+
+    def op_unlock(self, o):
+        self.tree.dec_lock_ref(self.handles[o["h"]])
+
+    def op_evict(self, o):
+        return self.tree.evict(o["n"])
+
+    def snapshot(self, result) -> dict:
+        def node(n):
+            return [list(n.key), list(n.value), n.lock_ref, n.hit_count,
+                    [node(c) for c in n.children.values()]]
+        t = self.tree
+        return {"r": result, "tree": node(t.root_node), "ev": t.evictable_size(),
+                "pr": t.protected_size(), "freed": list(self.freed)}
+
+
+def replay_tree(case: dict) -> list[dict]:
+    world = KvsimTree(case)
+    return [world.snapshot(world.apply(o)) for o in case["ops"]]
+
+
+def make_tree_script(choose, *, page_size: int = 1, policy: str = "lru", num_ops: int = 40) -> dict:
+    """Inserts (with fresh slots), matches that lock and later unlock, evictions."""
+    case = {"page_size": page_size, "policy": policy, "ops": []}
+    world = KvsimTree(case)
+    slot = [1]
+    locked: list[str] = []
+    count = 0
+    while len(case["ops"]) < num_ops:
+        kind = choose(8)
+        stem = STEMS[choose(len(STEMS))]
+        key = stem[:choose(len(stem) + 1)] + [30 + choose(5) for _ in range(choose(6))]
+        if kind <= 2 and key:
+            value = list(range(slot[0], slot[0] + len(key)))
+            slot[0] += len(key)
+            o = {"op": "insert", "key": key, "value": value, "inserted_len": choose(3) * choose(len(key) + 1)}
+        elif kind <= 4 and key:
+            count += 1
+            h = f"h{count}"
+            case["ops"].append({"op": "match", "key": key, "h": h})
+            world.apply(case["ops"][-1])
+            o = {"op": "lock", "h": h}
+            locked.append(h)
+        elif kind == 5 and locked:
+            o = {"op": "unlock", "h": locked.pop(choose(len(locked)))}
+        elif kind == 6:
+            o = {"op": "match", "key": key}
+        else:
+            o = {"op": "evict", "n": choose(12)}
+        case["ops"].append(o)
+        world.apply(o)
     return case
