@@ -29,20 +29,19 @@ and calls it at exactly the places SGLang calls ``time.monotonic()``; the
 default is a counter (each call a new, larger value), which orders accesses
 as the real clock does without reading the wall clock.
 
-Slot allocation (the free-slot list, G1) and the request lifecycle around the
-tree (admission, decode slots, retraction) are in ``radix_pool.py``; this
+The eviction loops (LRU and 0.5.x's strategies) are in ``radix_evict.py``.
+Slot allocation (the free-slot list, G1) and the request lifecycle around
+the tree (admission, decode slots, retraction) are in ``radix_pool.py``; this
 module only needs an ``allocator`` with ``free(slots)``.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 from collections.abc import Callable, Sequence
 
-#: SGLang 0.5.x ``--radix-eviction-policy`` values this module honours
-#: (``evict_policy.py``); 0.4.6 has LRU only.
-EVICTION_POLICIES = ("lru", "lfu", "fifo", "mru", "filo")
+from kvsim.kv.radix_evict import EVICTION_POLICIES, evict_by_priority, evict_lru
+
 
 
 class TreeNode:
@@ -222,7 +221,7 @@ class RadixCache:
     def evict(self, num_tokens: int) -> int:
         """Free whole unlocked leaves, least recently used first, until ``num_tokens`` (rc:263, G5).
 
-        Leaves are collected depth-first (``_collect_leaves``) and heapified;
+        Leaves are collected depth-first (``collect_leaves``) and heapified;
         a parent left childless joins the heap. Ties in ``last_access_time``
         are broken by the heap's positions, i.e. by that collection order,
         exactly as ``heapq`` does in SGLang. May free more than asked: a leaf
@@ -231,8 +230,8 @@ class RadixCache:
         if self.disable:
             return 0
         if self.eviction_policy == "lru":
-            return self._evict_lru(num_tokens)
-        return self._evict_by_priority(num_tokens)
+            return evict_lru(self, num_tokens)
+        return evict_by_priority(self, num_tokens)
 
     def inc_lock_ref(self, node: TreeNode) -> int:
         """Lock the path from ``node`` to the root: protected from eviction (rc:288, G4)."""
@@ -371,12 +370,12 @@ class RadixCache:
         if 0 < prompt_len < aligned:
             self.insert(token_ids[:prompt_len], kv_indices[:prompt_len], prompt_len)
 
-    def _delete_leaf(self, node: TreeNode) -> None:
+    def delete_leaf(self, node: TreeNode) -> None:
         """rc:431."""
         del node.parent.children[self.child_key(node.key)]
         self.evictable_size_ -= len(node.key)
 
-    def _collect_leaves(self) -> list[TreeNode]:
+    def collect_leaves(self) -> list[TreeNode]:
         """Depth-first, last child first (rc:450): the heap's initial order."""
         leaves = []
         stack = [self.root_node]
@@ -387,47 +386,3 @@ class RadixCache:
             else:
                 stack.extend(node.children.values())
         return leaves
-
-    def _evict_lru(self, num_tokens: int) -> int:
-        """rc:263-286, line for line: a heap of nodes ordered by ``TreeNode.__lt__``."""
-        leaves = self._collect_leaves()
-        heapq.heapify(leaves)
-        num_evicted = 0
-        while num_evicted < num_tokens and len(leaves):
-            x = heapq.heappop(leaves)
-            if x is self.root_node:
-                break
-            if x.lock_ref > 0:
-                continue
-            self.allocator.free(x.value)
-            num_evicted += len(x.value)
-            self._delete_leaf(x)
-            if len(x.parent.children) == 0:
-                heapq.heappush(leaves, x.parent)
-        return num_evicted
-
-    def _evict_by_priority(self, num_tokens: int) -> int:
-        """0.5.x ``evict``: a heap of (strategy priority, node), unlocked leaves only."""
-        key = _PRIORITY[self.eviction_policy]
-        heap = [(key(n), n) for n in self._collect_leaves()
-                if n is not self.root_node and n.lock_ref == 0]
-        heapq.heapify(heap)
-        num_evicted = 0
-        while num_evicted < num_tokens and heap:
-            _, x = heapq.heappop(heap)
-            self.allocator.free(x.value)
-            num_evicted += len(x.value)
-            self._delete_leaf(x)
-            parent = x.parent
-            if len(parent.children) == 0 and parent.lock_ref == 0 and parent is not self.root_node:
-                heapq.heappush(heap, (key(parent), parent))
-        return num_evicted
-
-
-# SGLang 0.5.x evict_policy.py: a sort key per strategy (smallest evicted first).
-_PRIORITY: dict[str, Callable[[TreeNode], object]] = {
-    "lfu": lambda n: (n.hit_count, n.last_access_time),
-    "fifo": lambda n: n.creation_time,
-    "mru": lambda n: -n.last_access_time,
-    "filo": lambda n: -n.creation_time,
-}
