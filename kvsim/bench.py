@@ -346,7 +346,7 @@ def _run_child(argv: list[str]) -> int:
     def run_engine(*args, **kwargs):
         engine = plain_run_engine(*args, **kwargs)
         record["num_steps"] = engine.steps.next_step
-        record["num_fast_steps"] = engine.num_fast_steps
+        record["num_fast_steps"] = engine.num_run_steps
         return engine
 
     def simulate(*args, **kwargs):

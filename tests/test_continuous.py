@@ -266,7 +266,7 @@ def test_swap_bytes_reach_the_cost_model_in_the_swap_out_and_swap_in_steps():
                           swap_block_bytes=1000)
     cost = RecordingCost()
     engine = run_engine([spec("A", r(1, 6), max_tokens=4), spec("B", r(11, 16), max_tokens=3)],
-                        cfg, scheduler="continuous", cost_model=cost)
+                        cfg, scheduler="continuous", cost_model=cost, fast_path=False)
     # Steps as in test_swapped_requests_come_back_before_waiting_ones: out in step 2, in in step 5.
     assert cost.swap_bytes[:6] == [0, 2000, 0, 0, 2000, 0]
     assert {q.request_id: q.num_preemptions for q in engine.done} == {"A": 0, "B": 1}

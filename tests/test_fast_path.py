@@ -91,13 +91,8 @@ def test_fast_path_equals_step_path(name):
 
 
 def test_fast_path_actually_skips_steps():
-    from kvsim.scenario.loader import load_scenario
-    from kvsim.sim.run import run_engine
-    from kvsim.workload import build_workload
-    sc = load_scenario(CASES["prefix_hits_and_chunking"])
-    wl = build_workload(sc.workload, rng=np.random.default_rng(sc.seed), base_dir=sc.base_dir)
-    engine = run_engine(wl.requests(), sc.sched_config, cost_model=sc.cost_model)
-    assert engine.num_fast_steps > len(engine.steps) / 2
+    stats = kvsim.simulate(CASES["prefix_hits_and_chunking"]).stats
+    assert stats.num_run_steps > stats.num_steps / 2
 
 
 def test_prompt_ending_on_a_one_token_chunk_gets_its_first_token_time():

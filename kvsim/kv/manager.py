@@ -8,6 +8,12 @@ Three calls make up the interface the schedulers use, as in
   (A1-A4); returns None and changes nothing when the blocks do not fit;
 * ``free(req)``: return a request's blocks, tail first (B6).
 
+Two more serve runs of decode steps that the schedulers skip ahead over
+(DESIGN.md, "skipping time, not rules"): ``decode_run_allocations`` says when
+each block of a run would be allocated, ``allocate_decode_steps`` performs
+those steps' allocations and caching, exactly as one ``allocate_slots(req, 1)``
+per request per step would.
+
 ``fork`` adds copy-on-write sharing for parallel sampling and beam search
 (kv-semantics V5), which V1 does not have but V0 and the vLLM paper do.
 
@@ -17,6 +23,8 @@ and, in debug mode, ``all_token_ids``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from kvsim.kv.block_pool import NULL_BLOCK_ID, BlockPool
 
@@ -60,8 +68,16 @@ class KVCacheManager:
     def usage(self) -> float:
         return self.pool.get_usage()
 
+    def free_queue(self) -> list[int]:
+        """The pool's free queue, head first (tests, debugging)."""
+        return self.pool.free_queue()
+
     def get_blocks(self, request_id: str) -> list[int]:
         return self.req_to_blocks.get(request_id, [])
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        """Blocks that hold ``num_tokens`` slots of one request (A1: capped at max_model_len)."""
+        return -(-min(num_tokens, self.max_model_len) // self.block_size)
 
     def get_computed_blocks(self, req) -> tuple[list[int], int]:
         """Longest cached prefix of ``req``, as (blocks, tokens); read-only (H3, H4).
@@ -78,6 +94,12 @@ class KVCacheManager:
             self._check_hit(req, hits)
         return hits, len(hits) * self.block_size
 
+    def num_cached_prefix_blocks(self, block_hashes: Sequence[int]) -> int:
+        """How many leading blocks of ``block_hashes`` are cached now (read-only)."""
+        if not self.enable_caching:
+            return 0
+        return len(self.pool.get_cached_prefix(block_hashes, len(block_hashes)))
+
     def num_blocks_to_allocate(self, req, num_tokens: int, new_computed_blocks=()) -> int:
         """Free blocks an allocation for ``num_tokens`` slots would use up (A2).
 
@@ -85,7 +107,7 @@ class KVCacheManager:
         block, exactly like allocating a new one.
         """
         held = len(self.req_to_blocks.get(req.request_id, ()))
-        required = cdiv(num_tokens, self.block_size)
+        required = self.num_blocks_for(num_tokens)
         if req.request_id in self.num_cached_block:
             # A request that already holds blocks gets no new prefix hits.
             return max(required - held, 0) + self._cow_blocks_needed(req, num_tokens)
@@ -104,66 +126,31 @@ class KVCacheManager:
         """
         if num_new_tokens <= 0:
             raise ValueError("num_new_tokens must be > 0")
-        blocks = self.req_to_blocks.get(req.request_id)
-        if blocks is not None and not new_computed_blocks and not self._any_forks:
-            return self._extend_running(req, blocks, num_new_tokens, num_lookahead_tokens)
-        num_computed = req.num_computed_tokens + num_new_computed_tokens
-        need = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        if self.num_blocks_to_allocate(req, need, new_computed_blocks) > self.pool.get_num_free_blocks():
-            return None
-
         rid = req.request_id
-        if new_computed_blocks:
-            self.pool.touch(new_computed_blocks)
-        blocks = self.req_to_blocks.setdefault(rid, [])
-        if rid not in self.num_cached_block:
-            # First allocation since admission: the hits count as cached.
-            blocks.extend(new_computed_blocks)
-            self.num_cached_block[rid] = len(new_computed_blocks)
-        self._copy_on_write(req, blocks)
-        num_new_blocks = cdiv(need, self.block_size) - len(blocks)
-        new_blocks = self.pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
-        blocks.extend(new_blocks)
-
-        if self.enable_caching:
-            # A4: cache at schedule time, up to the tokens computed by this step.
-            num_full = min(num_computed + num_new_tokens, req.num_tokens) // self.block_size
-            cached = self.num_cached_block[rid]
-            if num_full > cached:
-                self.pool.cache_full_blocks(blocks, req.block_hashes, cached, num_full,
-                                            getattr(req, "all_token_ids", None) if self.debug else None,
-                                            self.block_size)
-                self.num_cached_block[rid] = num_full
-        return new_blocks
-
-    def _extend_running(self, req, blocks: list[int], num_new_tokens: int,
-                        num_lookahead_tokens: int) -> list[int] | None:
-        """``allocate_slots`` for a request that already holds blocks (the hot path).
-
-        Same rules as the general path (A1, A2, A4) with nothing to revive:
-        a running request gets no new prefix hits.
-        """
-        bs = self.block_size
-        num_computed = req.num_computed_tokens
-        need = num_computed + num_new_tokens + num_lookahead_tokens
-        if need > self.max_model_len:
-            need = self.max_model_len
-        num_new_blocks = -(-need // bs) - len(blocks)
+        num_computed = req.num_computed_tokens + num_new_computed_tokens
+        need = num_computed + num_new_tokens + num_lookahead_tokens      # A1
+        blocks = self.req_to_blocks.get(rid)
+        if blocks is None or new_computed_blocks or self._any_forks:
+            if self.num_blocks_to_allocate(req, need, new_computed_blocks) > self.pool.get_num_free_blocks():
+                return None
+            if new_computed_blocks:
+                self.pool.touch(new_computed_blocks)
+            blocks = self.req_to_blocks.setdefault(rid, [])
+            if rid not in self.num_cached_block:
+                # First allocation since admission: the hits count as cached.
+                blocks.extend(new_computed_blocks)
+                self.num_cached_block[rid] = len(new_computed_blocks)
+            self._copy_on_write(req, blocks)
+        num_new_blocks = self.num_blocks_for(need) - len(blocks)
         if num_new_blocks > 0:
             if num_new_blocks > self.pool.get_num_free_blocks():
-                return None
+                return None                 # a running request: nothing to revive (A2)
             new_blocks = self.pool.get_new_blocks(num_new_blocks)
             blocks.extend(new_blocks)
         else:
             new_blocks = []
-        if self.enable_caching:
-            rid = req.request_id
-            num_full = min(num_computed + num_new_tokens, req.num_tokens) // bs
-            cached = self.num_cached_block[rid]
-            if num_full > cached:
-                self.pool.cache_full_blocks(blocks, req.block_hashes, cached, num_full,
-                                            req.all_token_ids if self.debug else None, bs)
-                self.num_cached_block[rid] = num_full
+        # Slots reserved past the known tokens (lookahead) are never cached.
+        self._cache_full_blocks(req, blocks, min(num_computed + num_new_tokens, req.num_tokens))
         return new_blocks
 
     def free(self, req) -> None:
@@ -188,7 +175,118 @@ class KVCacheManager:
         self.req_to_blocks[child.request_id] = blocks
         self.num_cached_block[child.request_id] = self.num_cached_block.get(parent.request_id, 0)
 
+    # ------------------------------------------------------- decode runs
+
+    def decode_run_allocations(self, reqs: Sequence, num_computed: Sequence[int],
+                               max_steps: int) -> list[tuple[int, int]] | None:
+        """When each block of a run of one-token steps would be allocated.
+
+        ``reqs`` decode one token each per step, in this order, for up to
+        ``max_steps`` steps from ``num_computed`` tokens each. Returns
+        (step, index into reqs) of every block the run allocates, in the order
+        ``allocate_slots(req, 1)`` per request per step would pop them (step
+        1 first). None when a run cannot be planned ahead (copy-on-write).
+        """
+        if self._any_forks:
+            return None
+        bs = self.block_size
+        blocks_of = self.req_to_blocks
+        events = []
+        for i, r in enumerate(reqs):
+            # Step s (1-based) writes token c + s - 1; it needs a new block when
+            # that token lies past the blocks held (A5).
+            s0 = len(blocks_of[r.request_id]) * bs - num_computed[i] + 1
+            events.extend((s, i) for s in range(max(s0, 1), max_steps + 1, bs))
+        events.sort()
+        return events
+
+    def allocate_decode_steps(self, reqs: Sequence, num_computed: Sequence[int],
+                              events: Sequence[tuple[int, int]], first_step: int,
+                              last_step: int) -> list[int]:
+        """Steps ``first_step..last_step`` of a decode run: blocks, then caching (A2-A5).
+
+        ``events`` are the run's ``decode_run_allocations``; ``num_computed``
+        the requests' computed tokens before step 1 of the run. Does what
+        ``allocate_slots(req, 1)`` does for each request in each step (the
+        blocks the steps need, known to fit; the blocks they fill, hashed),
+        in the same order. Returns the free blocks after each step.
+
+        Popping every block before caching any is the same as interleaving:
+        popped blocks are free and cached ones are held, so evictions and
+        insertions touch different blocks and leave the hash map in the same
+        order.
+        """
+        pool = self.pool
+        blocks_of = self.req_to_blocks
+        taken = [0] * (last_step - first_step + 1)
+        owners = []
+        for s, i in events:
+            if first_step <= s <= last_step:
+                taken[s - first_step] += 1
+                owners.append(i)
+        if owners:
+            for i, block in zip(owners, pool.get_new_blocks(len(owners))):
+                blocks_of[reqs[i].request_id].append(block)
+        if self.enable_caching:
+            bs = self.block_size
+            cached = self.num_cached_block
+            fills = []                           # (step, index): the step fills a block
+            for i, r in enumerate(reqs):
+                # Step s computes token c + s - 1: the request then holds c + s
+                # tokens, so the next uncached block fills at this step.
+                s = (cached[r.request_id] + 1) * bs - num_computed[i]
+                fills.extend((t, i) for t in range(s, last_step + 1, bs))
+            fills.sort()
+            for s, i in fills:
+                r = reqs[i]
+                self._cache_full_blocks(r, blocks_of[r.request_id], num_computed[i] + s)
+        free = pool.get_num_free_blocks() + len(owners)
+        out = []
+        for n in taken:
+            free -= n
+            out.append(free)
+        return out
+
+    def first_step_caching(self, reqs: Sequence, num_computed: Sequence[int], block_hash: int,
+                           max_steps: int) -> int | None:
+        """The first step of a decode run in which one of ``reqs`` hashes a block
+        equal to ``block_hash`` (A4), or None if none does within ``max_steps``."""
+        if not self.enable_caching:
+            return None
+        bs = self.block_size
+        cached = self.num_cached_block
+        first = None
+        for i, r in enumerate(reqs):
+            lo = cached[r.request_id]
+            hi = (num_computed[i] + max_steps) // bs
+            if hi > lo and block_hash in r.block_hashes[lo:hi]:
+                j = r.block_hashes.index(block_hash, lo, hi)
+                s = (j + 1) * bs - num_computed[i]
+                first = s if first is None else min(first, s)
+        return first
+
+    def has_evictable_hits(self, blocks: Sequence[int]) -> bool:
+        """Whether any of these prefix-hit blocks sits in the free queue."""
+        ref = self.pool.ref_cnt
+        return any(ref[b] == 0 for b in blocks)
+
     # -------------------------------------------------------------- private
+
+    def _cache_full_blocks(self, req, blocks: list[int], num_tokens: int) -> None:
+        """A4: hash the request's blocks that are full once ``num_tokens`` of it are computed.
+
+        Caching happens at schedule time, so a request scheduled later in the
+        same step can hit them (TV5). The one place a block gets its hash.
+        """
+        if not self.enable_caching:
+            return
+        rid = req.request_id
+        num_full = num_tokens // self.block_size
+        done = self.num_cached_block[rid]
+        if num_full > done:
+            self.pool.cache_full_blocks(blocks, req.block_hashes, done, num_full,
+                                        req.all_token_ids if self.debug else None, self.block_size)
+            self.num_cached_block[rid] = num_full
 
     def _cow_blocks_needed(self, req, num_tokens: int) -> int:
         """1 when the next write lands in a shared, partially filled block."""

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import heapq
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -32,8 +30,45 @@ class StepPlan:
         return not self.scheduled
 
 
+@dataclass
+class DecodeRun:
+    """Up to ``max_steps`` decode steps the batch can run unchanged (the skip-ahead).
+
+    Each step schedules one token for each of the ``num_seqs`` running
+    requests, in running order, and every one of them samples. Nothing the
+    scheduler or the KV manager decides differs between these steps but the
+    context lengths (``context_token_sum`` before step 1, then ``num_seqs``
+    more per step) and the blocks allocated at block boundaries. The engine
+    costs the steps, stops early at the next arrival, and hands the number it
+    ran back to ``Scheduler.apply_decode_run``.
+
+    The rest is the scheduler's own bookkeeping: the batch, each request's
+    computed tokens before step 1, the run's block allocations (step, batch
+    index), and how many steps' allocations are already applied.
+    """
+
+    num_seqs: int
+    context_token_sum: int
+    max_steps: int
+    requests: list = field(repr=False)
+    num_computed: list[int] = field(repr=False)
+    allocations: list[tuple[int, int]] = field(repr=False)
+    num_free_blocks: int = 0               # before step 1
+    steps_allocated: int = 0
+    free_after: list[int] = field(default_factory=list, repr=False)
+
+
 class Scheduler(Protocol):
-    """The one protocol the engine loop drives (DESIGN.md: policy lives here)."""
+    """Everything the engine loop calls (DESIGN.md: policy lives here).
+
+    One step: ``schedule()`` -> the engine costs the plan and advances the
+    clock -> ``update_from_output()``. Between events that change the batch,
+    ``plan_decode_run()`` offers a run of identical decode steps, which the
+    engine costs in one go and applies with ``apply_decode_run()``; the
+    results are those of the same steps taken one by one.
+    """
+
+    num_usable_blocks: int
 
     def add_request(self, req: Request) -> None: ...
 
@@ -49,66 +84,40 @@ class Scheduler(Protocol):
         """(running, waiting) after the step, as vLLM counts them."""
         ...
 
+    def num_free_blocks(self) -> int:
+        """Free KV blocks now, in the units ``num_usable_blocks`` counts."""
+        ...
 
-class FcfsQueue:
-    """The waiting queue under FCFS: a deque; preempted requests go to the front (S8)."""
+    def kv_cache_usage(self) -> float:
+        """Fraction of the KV cache in use now (vLLM's ``kv_cache_usage_perc`` / 100)."""
+        ...
 
-    def __init__(self) -> None:
-        self._q: deque[Request] = deque()
+    def prefix_hit_blocks(self, block_hashes) -> int:
+        """Leading blocks of ``block_hashes`` cached now (0 without prefix caching)."""
+        ...
 
-    def add(self, req: Request) -> None:
-        self._q.append(req)
+    def plan_decode_run(self) -> DecodeRun | None:
+        """The decode steps the batch can run from now unchanged, or None."""
+        ...
 
-    def prepend(self, req: Request) -> None:
-        self._q.appendleft(req)
+    def sync_decode_run(self, run: DecodeRun, num_started: int) -> None:
+        """Apply the schedule-time effects (blocks, caching) of the run's first
+        ``num_started`` steps, so that the cache looks as the step path's does
+        while step ``num_started`` runs (a router reading state mid-run)."""
+        ...
 
-    def peek(self) -> Request:
-        return self._q[0]
+    def apply_decode_run(self, run: DecodeRun, num_steps: int, token_times: list[float]) -> list[Request]:
+        """The first ``num_steps`` steps of ``run``, ending at ``token_times``;
+        returns the requests that finished in the last of them, freed."""
+        ...
 
-    def pop(self) -> Request:
-        return self._q.popleft()
+    def pop_unschedulable(self) -> Request | None:
+        """The waiting head, taken out, when nothing runs and it can never start."""
+        ...
 
-    def remove(self, req: Request) -> None:
-        self._q.remove(req)
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def __iter__(self):
-        return iter(self._q)
-
-
-class PriorityQueue:
-    """The waiting queue under ``policy=priority``: a heap (S8).
-
-    vLLM orders requests by (priority, arrival_time, request_id) — the id is
-    compared as a string, so "r10" comes before "r2" — and ``prepend`` just
-    re-inserts into the heap.
-    """
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[int, float, str, Request]] = []
-
-    def add(self, req: Request) -> None:
-        heapq.heappush(self._heap, (req.priority, req.arrival_time, req.request_id, req))
-
-    prepend = add
-
-    def peek(self) -> Request:
-        return self._heap[0][3]
-
-    def pop(self) -> Request:
-        return heapq.heappop(self._heap)[3]
-
-    def remove(self, req: Request) -> None:
-        self._heap = [e for e in self._heap if e[3] is not req]
-        heapq.heapify(self._heap)
-
-    def __len__(self) -> int:
-        return len(self._heap)
-
-    def __iter__(self):
-        return (e[3] for e in sorted(self._heap, key=lambda e: e[:3]))
+    def stats(self) -> dict[str, float]:
+        """The scheduler's own counters, for ``Result.stats``."""
+        ...
 
 
 def record_admission(plan: StepPlan, req: Request, num_hit: int, n: int) -> None:
@@ -157,11 +166,3 @@ def sample_tokens(plan: StepPlan, now: float) -> list[Request]:
         if req.prompt_len + out >= req.final_num_tokens:      # is_finished
             finished.append(req)
     return finished
-
-
-def make_waiting_queue(policy: str):
-    if policy == "fcfs":
-        return FcfsQueue()
-    if policy == "priority":
-        return PriorityQueue()
-    raise ValueError(f"engine.policy: {policy!r} is not one of 'fcfs', 'priority'")

@@ -11,20 +11,21 @@ This is the reference path: it follows ``vllm/v1/core/sched/scheduler.py``
 
 from __future__ import annotations
 
-from kvsim.sched.base import (StepPlan, commit_scheduled, make_waiting_queue, record_admission,
-                              sample_tokens)
+from kvsim.sched.base import DecodeRun, StepPlan, commit_scheduled, record_admission, sample_tokens
 from kvsim.sched.config import SchedulerConfig
+from kvsim.sched.paged import PagedScheduler
+from kvsim.sched.queues import make_waiting_queue
 from kvsim.sched.request import Request, RequestStatus
 
+NO_LIMIT = 1 << 62
 
-class ChunkedScheduler:
+
+class ChunkedScheduler(PagedScheduler):
     """vLLM V1 ``Scheduler`` in synchronous mode, with fake one-token outputs."""
 
     def __init__(self, config: SchedulerConfig) -> None:
-        self.config = config
-        self.kv = config.make_kv_manager()
+        super().__init__(config)
         self.waiting = make_waiting_queue(config.policy)
-        self.running: list[Request] = []
         # N2: vLLM sizes the watermark on all blocks, the null block included.
         self.watermark_blocks = int(config.watermark * config.num_gpu_blocks)
 
@@ -59,14 +60,63 @@ class ChunkedScheduler:
         """Every request whose chunk reached its last token samples one (S7)."""
         return self.finish_requests(sample_tokens(plan, now), now)
 
-    def finish_requests(self, finished: list[Request], now: float) -> list[Request]:
-        """Free finished requests at once, in scheduled order, tail block first (S7, B6)."""
-        for req in finished:
-            req.status = RequestStatus.FINISHED
-            req.finish_time = now
-            self.running.remove(req)
-            self.kv.free(req)
-        return finished
+    def pop_unschedulable(self) -> Request | None:
+        return self.waiting.pop() if len(self.waiting) else None
+
+    # ---------------------------------------------------------- decode runs
+
+    def plan_decode_run(self) -> DecodeRun | None:
+        """The decode steps that would go exactly the same way through ``schedule()``.
+
+        Every running request decodes (S2 gives each one token: the budget
+        covers the batch, and the threshold and max_model_len cut nothing
+        below a finish), the run ends with the first finish, no step may need
+        a block that is not free (it would preempt, P1), and the waiting
+        queue must stay shut for the whole run (``_steps_waiting_stays_shut``).
+        """
+        batch = self._decoding_batch()
+        if batch is None or len(self.running) > self.config.max_num_batched_tokens:
+            return None
+        max_steps, context_sum = batch
+        self.refresh_threshold()
+        max_steps = min(max_steps, self._steps_waiting_stays_shut(max_steps))
+        return self._make_run(max_steps, context_sum, _steps_before_a_block_runs_out)
+
+    def _steps_waiting_stays_shut(self, max_steps: int) -> int:
+        """How many of the next decode steps certainly admit nothing (S3, S4).
+
+        Nothing is admitted while the queue is empty, ``max_num_seqs`` is
+        reached or the decodes use the whole budget. Otherwise the head must
+        not fit now, and it still will not during the run: free blocks only
+        shrink, and with ``scheduler_reserve_full_isl`` losing a prefix hit
+        to eviction never lowers the blocks its whole sequence needs (a hit
+        in the free queue costs one free block, as a new block does). What
+        can open it is a running request caching the very block the head
+        misses next (A4, at schedule time, before the waiting queue is
+        served): the run stops before that step.
+        """
+        cfg = self.config
+        if not len(self.waiting):
+            return max_steps
+        budget = cfg.max_num_batched_tokens - len(self.running)
+        if len(self.running) >= cfg.max_num_seqs or budget <= 0:
+            return max_steps
+        head = self.waiting.peek()
+        if self.try_admission(head, budget) is not None:
+            return 0
+        if not self.kv.enable_caching or head.num_computed_tokens:
+            return max_steps
+        hits, _ = self.kv.get_computed_blocks(head)
+        if not cfg.scheduler_reserve_full_isl and self.kv.has_evictable_hits(hits):
+            # Without the whole-sequence gate, a chunk capped by the budget can
+            # need fewer blocks once an evicted hit shortens the prefix: step.
+            return 0
+        j = len(hits)
+        if j >= (head.num_tokens - 1) // self.kv.block_size:
+            return max_steps                     # the longest hit H3 allows
+        first = self.kv.first_step_caching(self.running, [r.num_computed_tokens for r in self.running],
+                                           head.block_hashes[j], max_steps)
+        return max_steps if first is None else first - 1
 
     # ------------------------------------------------------------- running
 
@@ -210,3 +260,11 @@ class ChunkedScheduler:
                 return False
         need = min(num_hit + n, self.config.max_model_len)
         return kv.num_blocks_to_allocate(req, need, hits) + wm <= free
+
+
+def _steps_before_a_block_runs_out(allocations: list[tuple[int, int]], num_free: int,
+                                   num_seqs: int) -> int:
+    """A2/P1: the run stops before the step whose allocation would not fit."""
+    if len(allocations) <= num_free:
+        return NO_LIMIT
+    return allocations[num_free][0] - 1

@@ -18,20 +18,21 @@ from __future__ import annotations
 
 from collections import deque
 
-from kvsim.kv.manager import cdiv
-from kvsim.sched.base import FcfsQueue, StepPlan, commit_scheduled, record_admission, sample_tokens
+from kvsim.sched.base import DecodeRun, StepPlan, commit_scheduled, record_admission, sample_tokens
 from kvsim.sched.config import SchedulerConfig
+from kvsim.sched.paged import PagedScheduler
+from kvsim.sched.queues import FcfsQueue
 from kvsim.sched.request import Request, RequestStatus
 
+NO_LIMIT = 1 << 62
 
-class ContinuousScheduler:
+
+class ContinuousScheduler(PagedScheduler):
     """vLLM V0's default (non-chunked) scheduler."""
 
     def __init__(self, config: SchedulerConfig) -> None:
-        self.config = config
-        self.kv = config.make_kv_manager()
+        super().__init__(config)
         self.waiting = FcfsQueue()
-        self.running: list[Request] = []
         self.swapped: deque[Request] = deque()
         self.num_free_cpu_blocks = config.num_cpu_blocks
         self._cpu_blocks: dict[str, int] = {}
@@ -62,19 +63,49 @@ class ContinuousScheduler:
         return plan
 
     def update_from_output(self, plan: StepPlan, now: float) -> list[Request]:
-        finished = sample_tokens(plan, now)
-        for req in finished:
-            req.status = RequestStatus.FINISHED
-            req.finish_time = now
-            self.running.remove(req)
-            self.kv.free(req)
-        return finished
+        return self.finish_requests(sample_tokens(plan, now), now)
+
+    def pop_unschedulable(self) -> Request | None:
+        if len(self.waiting):
+            return self.waiting.pop()
+        return self.swapped.popleft() if self.swapped else None
+
+    def stats(self) -> dict[str, float]:
+        return {"num_free_cpu_blocks": self.num_free_cpu_blocks}
+
+    # ---------------------------------------------------------- decode runs
+
+    def plan_decode_run(self) -> DecodeRun | None:
+        """The decode-only steps that would go exactly the same way through ``schedule()``.
+
+        No step of the run may admit a prefill or swap a request in, and
+        neither may become possible during it: admission waits for free
+        blocks above the watermark (V2, "later"), swap-in likewise, and free
+        blocks only shrink while the batch decodes. A head that would be
+        admitted or ignored now ends the run before it starts. Decodes
+        preempt as soon as no block is free at a request's turn (V3), so the
+        run stops before that step.
+        """
+        cfg = self.config
+        if self.swapped:
+            if len(self.running) < cfg.max_num_seqs and self._can_swap_in(self.swapped[0]):
+                return None
+        elif len(self.waiting) and len(self.running) < cfg.max_num_seqs:
+            head = self.waiting.peek()
+            if head.num_tokens > min(cfg.max_model_len, cfg.max_num_batched_tokens):
+                return None                       # ignored in the next step
+            if self._can_allocate(head) != "later":
+                return None                       # admitted (its tokens fit the budget) or ignored
+        batch = self._decoding_batch()
+        if batch is None:
+            return None
+        return self._make_run(batch[0], batch[1], _steps_with_a_free_block_each)
 
     # ------------------------------------------------------------ prefills
 
     def _can_allocate(self, req: Request) -> str:
         """V2: "ok", "later" or "never", ignoring prefix hits."""
-        required = cdiv(req.num_tokens, self.config.block_size)
+        required = self.kv.num_blocks_for(req.num_tokens)
         usable = self.kv.num_usable_blocks
         if usable - required < self.watermark_blocks:
             return "never"
@@ -157,13 +188,17 @@ class ContinuousScheduler:
         req.num_computed_tokens = 0
         self.waiting.prepend(req)
 
+    def _can_swap_in(self, req: Request) -> bool:
+        """Swap-in must leave the watermark free, plus one block to decode."""
+        blocks = self._cpu_blocks[req.request_id]
+        return self.kv.get_num_free_blocks() - blocks - 1 >= self.watermark_blocks
+
     def _schedule_swap_ins(self, plan: StepPlan) -> None:
         kv = self.kv
         while self.swapped and len(self.running) < self.config.max_num_seqs:
             req = self.swapped[0]
             blocks = self._cpu_blocks[req.request_id]
-            # Swap-in must leave the watermark free, plus one block to decode.
-            if kv.get_num_free_blocks() - blocks - 1 < self.watermark_blocks:
+            if not self._can_swap_in(req):
                 break
             self.swapped.popleft()
             computed = req.num_computed_tokens
@@ -176,3 +211,18 @@ class ContinuousScheduler:
             kv.allocate_slots(req, 1)
             self.running.append(req)
             plan.scheduled.append((req, 1, computed))
+
+
+def _steps_with_a_free_block_each(allocations: list[tuple[int, int]], num_free: int,
+                                  num_seqs: int) -> int:
+    """V3: every decode needs a free block at its turn, whether it takes one or not.
+
+    The pop that empties the pool ends the run: after that step when it was
+    the last request's, before it otherwise (the next request would preempt).
+    """
+    if num_free == 0:
+        return 0
+    if len(allocations) < num_free:
+        return NO_LIMIT
+    step, index = allocations[num_free - 1]
+    return step if index == num_seqs - 1 else step - 1

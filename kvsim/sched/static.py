@@ -11,26 +11,10 @@ them) and are returned only when the whole batch ends.
 from __future__ import annotations
 
 from kvsim.kv.contiguous import ContiguousAllocator
-from kvsim.sched.base import FcfsQueue, StepPlan, sample_tokens
+from kvsim.sched.base import DecodeRun, StepPlan, sample_tokens
+from kvsim.sched.queues import FcfsQueue
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.request import Request, RequestStatus
-
-
-class _ContiguousView:
-    """What the engine records about memory, in block units, for the slab allocator."""
-
-    def __init__(self, alloc: ContiguousAllocator, block_size: int) -> None:
-        self.alloc = alloc
-        self.block_size = block_size
-        self.num_usable_blocks = alloc.capacity_tokens // block_size
-
-    def get_num_free_blocks(self) -> int:
-        return self.alloc.usage().free_bytes // (self.alloc.bytes_per_token * self.block_size)
-
-    @property
-    def usage(self) -> float:
-        u = self.alloc.usage()
-        return 1.0 - u.free_bytes / u.total_bytes
 
 
 class StaticScheduler:
@@ -41,7 +25,8 @@ class StaticScheduler:
         capacity = (config.num_gpu_blocks - 1) * config.block_size
         # Bytes per token only scale the usage report; 1 keeps it in tokens.
         self.alloc = ContiguousAllocator(capacity, 1)
-        self.kv = _ContiguousView(self.alloc, config.block_size)
+        # Memory is reported in block units, as for the paged schedulers.
+        self.num_usable_blocks = capacity // config.block_size
         self.waiting = FcfsQueue()
         self.batch: list[Request] = []
         self.slot_steps = 0           # batch slots x decode steps (padding included)
@@ -55,6 +40,28 @@ class StaticScheduler:
 
     def get_request_counts(self) -> tuple[int, int]:
         return len(self.batch), len(self.waiting)
+
+    def num_free_blocks(self) -> int:
+        return self.alloc.usage().free_bytes // self.config.block_size
+
+    def kv_cache_usage(self) -> float:
+        u = self.alloc.usage()
+        return 1.0 - u.free_bytes / u.total_bytes
+
+    def prefix_hit_blocks(self, block_hashes) -> int:
+        return 0                                  # no prefix cache
+
+    def plan_decode_run(self) -> DecodeRun | None:
+        return None                               # padded batches: no skip-ahead
+
+    def sync_decode_run(self, run: DecodeRun, num_started: int) -> None:
+        raise NotImplementedError("static plans no decode runs")
+
+    def apply_decode_run(self, run: DecodeRun, num_steps: int, token_times: list[float]) -> list[Request]:
+        raise NotImplementedError("static plans no decode runs")
+
+    def pop_unschedulable(self) -> Request | None:
+        return self.waiting.pop() if len(self.waiting) else None
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()

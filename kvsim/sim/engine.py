@@ -1,147 +1,41 @@
-"""The SimPy engine loop: schedule -> cost -> advance clock -> apply outputs -> record.
+"""One serving engine: schedule -> cost -> advance clock -> apply outputs -> record.
 
-Two processes tell the whole story::
+The engine is one SimPy process that reads like the story it models::
 
-    arrivals:  wait until the next request arrives, put it in the waiting
-               queue, wake the engine if it sleeps
-    engine:    while there is work: plan a step, cost it, yield its duration,
-               apply its outputs; sleep when idle
+    while there is work:
+        a decode run the scheduler offers?  cost its steps, wait for their end,
+                                            apply them (the skip-ahead)
+        otherwise:                          schedule one step, cost it, wait
+                                            for its end, apply its outputs
+    sleep until a request is submitted
 
-Arrival events are URGENT in SimPy's sense, so every request arriving at or
-before a step's start time is in the queue when that step is scheduled.
+Requests reach it through ``submit`` (from the front end, or a router), at
+the simulated instant they arrive. As in vLLM's engine core, a step's
+``schedule()`` sees the requests that arrived before it started; the rest
+wait in the input queue (``_inbox``) for the next step.
+
+Every rule of *what* a step does lives in the scheduler and the KV manager;
+the engine only costs, advances the clock and records. A decode run is
+costed in one call and its effects applied in one call; a request submitted
+while a run is in flight cuts the run after the step in progress, so the
+run path and the step path give the same results whatever arrives when.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections.abc import Callable, Iterator
+from bisect import bisect_left
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-import numpy as np
 import simpy
-from simpy.core import NORMAL, URGENT
-from simpy.events import Event
 
 from kvsim.cost.base import CostModel, decode_run_function, step_time_function
-from kvsim.sched.base import Scheduler, StepPlan
+from kvsim.sched.base import DecodeRun, Scheduler, StepPlan
 from kvsim.sched.request import Request, RequestStatus
-from kvsim.sim.fast import apply_decode_run, plan_decode_run, schedule_step
+from kvsim.sim.frontend import AtTime
+from kvsim.sim.steplog import StepLog
 from kvsim.workload.request import RequestSpec
-
-
-class _ArrivalTimeout(Event):
-    """A timeout that fires before ordinary events at the same instant."""
-
-    def __init__(self, env: simpy.Environment, delay: float) -> None:
-        super().__init__(env)
-        self._ok = True
-        self._value = None
-        env.schedule(self, URGENT, delay)
-
-
-class _AtTime(Event):
-    """An event at an absolute time (not now + delay, which may round differently).
-
-    The fast path computes step boundaries by left-to-right accumulation, as the
-    step path's successive timeouts do; landing exactly on the last boundary
-    keeps the two paths bit-identical. Uses SimPy's event queue directly.
-    """
-
-    def __init__(self, env: simpy.Environment, at: float) -> None:
-        super().__init__(env)
-        self._ok = True
-        self._value = None
-        heapq.heappush(env._queue, (at, NORMAL, next(env._eid), self))
-
-
-class StepLog:
-    """Per-step records, kept as columns (cheap to append, cheap to tabulate).
-
-    A step of the step path is appended as a row. A decode run of the fast
-    path is kept as one record (its K steps differ only in their times and
-    free blocks) and expanded with numpy when ``columns`` is read.
-    """
-
-    COLUMNS = ("step", "start_time_s", "duration_s", "num_prefill_tokens", "num_decode_tokens",
-               "num_scheduled_reqs", "num_running", "num_waiting", "num_preempted",
-               "num_finished", "num_free_blocks", "kv_cache_usage")
-    FLOAT_COLUMNS = ("start_time_s", "duration_s", "kv_cache_usage")
-
-    def __init__(self, first_step: int = 0) -> None:
-        self._rows: dict[str, list] = {c: [] for c in self.COLUMNS}
-        # Decode runs: one (first step, K, batch size, waiting, finished in the
-        # last step, usable blocks) each; their per-step values in flat lists.
-        self._runs: list[tuple] = []
-        self._run_starts: list[float] = []
-        self._run_durations: list[float] = []
-        self._run_free: list[int] = []
-        self._len = 0
-        self.first_step = first_step
-
-    def __len__(self) -> int:
-        return self._len
-
-    @property
-    def next_step(self) -> int:
-        return self.first_step + self._len
-
-    def append(self, *values) -> None:
-        """One step, values in ``COLUMNS`` order (its step number first)."""
-        for col, v in zip(self._rows.values(), values):
-            col.append(v)
-        self._len += 1
-
-    def add_run(self, starts: list[float], durations: list[float], free_after: list[int],
-                batch: int, waiting: int, num_finished: int, usable_blocks: int) -> None:
-        """K decode steps of ``batch`` requests; the last one finishes ``num_finished``."""
-        k = len(durations)
-        self._runs.append((self.next_step, k, batch, waiting, num_finished, usable_blocks))
-        self._run_starts += starts
-        self._run_durations += durations
-        self._run_free += free_after
-        self._len += k
-
-    @property
-    def columns(self) -> dict[str, np.ndarray]:
-        """Every step in step order, one numpy array per column."""
-        n = self._len
-        out = {c: np.empty(n, dtype=float if c in self.FLOAT_COLUMNS else np.int64)
-               for c in self.COLUMNS}
-        if self._rows["step"]:
-            at = np.asarray(self._rows["step"], dtype=np.int64) - self.first_step
-            for c, values in self._rows.items():
-                out[c][at] = values
-        if self._runs:
-            firsts, ks, batch, waiting, fin, usable = (np.asarray(v, dtype=np.int64)
-                                                        for v in zip(*self._runs))
-            total = len(self._run_durations)
-            ends = np.cumsum(ks)
-            last = ends - 1                              # index of each run's last step
-            at = np.repeat(firsts - self.first_step, ks) + np.arange(total) - np.repeat(ends - ks, ks)
-            b = np.repeat(batch, ks)
-            free = np.asarray(self._run_free, dtype=np.int64)
-            running = b.copy()
-            running[last] -= fin
-            finished = np.zeros(total, dtype=np.int64)
-            finished[last] = fin
-            cols = {
-                "step": at + self.first_step,
-                "start_time_s": np.asarray(self._run_starts, dtype=float),
-                "duration_s": np.asarray(self._run_durations, dtype=float),
-                "num_prefill_tokens": 0,
-                "num_decode_tokens": b,
-                "num_scheduled_reqs": b,
-                "num_running": running,
-                "num_waiting": np.repeat(waiting, ks),
-                "num_preempted": 0,
-                "num_finished": finished,
-                "num_free_blocks": free,
-                "kv_cache_usage": 1.0 - free / np.repeat(usable, ks),
-            }
-            for c, values in cols.items():
-                out[c][at] = values
-        return out
 
 
 @dataclass(frozen=True)
@@ -171,116 +65,165 @@ class EngineStats:
         return self.num_run_steps / self.num_steps if self.num_steps else 0.0
 
 
+@dataclass
+class _RunInFlight:
+    run: DecodeRun
+    times: list[float]          # step boundaries: start of step 1 .. end of the last step
+    durations: list[float]
+    num_steps: int              # steps it will apply (cut by a submit)
+
+
 class Engine:
     """One serving engine replica driven by SimPy.
 
     ``make_request(spec, index, arrival_time)`` builds the engine's request
     state; ``check_request(req)`` returns a reason string when the request can
     never run (it is then reported as failed instead of being queued).
+    ``on_done(req)`` hears of every finished or failed request.
+    ``more_input()`` says whether any request may still be submitted (an
+    engine that just finished requests runs one more, possibly empty, step
+    before it sleeps, as vLLM reports finished requests, except at the very
+    end). ``next_input_time()`` bounds a decode run: no step of it starts at
+    or after that time (default: the environment's next event).
     """
 
     def __init__(self, scheduler: Scheduler, cost_model: CostModel, *,
                  make_request: Callable[[RequestSpec, int, float], Request],
                  check_request: Callable[[Request], str],
-                 trace: Callable[[dict], None] | None = None,
-                 concurrency: int | None = None, fast_path: bool = True,
-                 sink=None, flush_every: int = 20_000) -> None:
-        self.env = simpy.Environment(initial_time=0.0)
+                 env: simpy.Environment | None = None, name: str = "",
+                 trace: Callable[[dict], None] | None = None, fast_path: bool = True,
+                 sink=None, flush_every: int = 20_000,
+                 on_done: Callable[[Request], None] | None = None,
+                 more_input: Callable[[], bool] | None = None,
+                 next_input_time: Callable[[], float] | None = None,
+                 progress: Callable[[float, int], None] | None = None) -> None:
+        self.env = env if env is not None else simpy.Environment(initial_time=0.0)
+        self.name = name
         self.scheduler = scheduler
         self.cost_model = cost_model
-        self._step_time = step_time_function(cost_model)     # costs a step given as lists
+        self._step_time = step_time_function(cost_model)           # costs a step given as lists
         self._decode_run_times = decode_run_function(cost_model)   # costs a run of decode steps
         self.make_request = make_request
         self.check_request = check_request
         self.trace = trace
-        self.concurrency = concurrency
         self.fast_path = fast_path
         # Streaming: hand finished requests and step records to ``sink``
         # (``add_done(list[Request])``, ``add_steps(columns)``) every
         # ``flush_every`` items and forget them, so memory stays bounded.
         self.sink = sink
         self.flush_every = flush_every
-        self.num_fast_steps = 0                  # steps simulated inside decode runs
-        self.num_runs = 0
+        self.on_done = on_done
+        self._more_input = more_input or (lambda: False)
+        self._next_input_time = next_input_time or self.env.peek
+        self.progress = progress
         self.steps = StepLog()
         self.done: list[Request] = []            # finished or failed, in order
+        self.num_done = 0
         self.num_arrived = 0
-        self._wake: Event | None = None
-        self._index = 0
-        self._specs: Iterator[RequestSpec] = iter(())
-        self._arrivals_done = False
-        self._parked: dict[str, list[RequestSpec]] = {}   # waiting on another request
-        self._finished_at: dict[str, float] = {}
-        self._num_pending_releases = 0
-        # Requests that arrived but were not handed to the scheduler yet: as in
-        # vLLM's engine core, a step's schedule() sees the requests that arrived
-        # before it started; the rest wait in the input queue for the next one.
-        self._inbox: list = []
+        self.num_run_steps = 0
+        self.num_runs = 0
+        self._inbox: list[Request] = []
+        self._wake: simpy.Event | None = None
         self._reported_finished = False
+        self._in_flight: _RunInFlight | None = None
+        self._process: simpy.Process | None = None
 
-    # ---------------------------------------------------------------- run
+    # ------------------------------------------------------------ public
 
-    def run(self, specs: Iterator[RequestSpec]) -> None:
-        self._specs = iter(specs)
-        if self.concurrency:
-            for _ in range(self.concurrency):
-                self._release_next_closed_loop()
-            self._arrivals_done = True
-        else:
-            self.env.process(self._arrivals())
-        self.env.process(self._engine())
-        self.env.run()
+    def start(self) -> None:
+        """Start the engine process (once)."""
+        if self._process is None:
+            self._process = self.env.process(self._loop())
+
+    def submit(self, spec: RequestSpec, arrival_time: float, index: int) -> None:
+        """A request reaches the engine now; n > 1 fans out into n samples (indices
+        ``index .. index + n - 1``) sharing the prompt through the prefix cache,
+        as vLLM V1 does."""
+        if spec.n > 1:
+            for k in range(spec.n):
+                self.submit(replace(spec, request_id=f"{spec.request_id}#{k}", n=1),
+                            arrival_time, index + k)
+            return
+        req = self.make_request(spec, index, arrival_time)
+        self.num_arrived += 1
+        reason = self.check_request(req)
+        if reason:
+            req.status = RequestStatus.FAILED
+            req.fail_reason = reason
+            req.finish_time = arrival_time
+            self._on_done(req)
+            return
+        self._inbox.append(req)
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+        if self._in_flight is not None:
+            self._cut_run()
+
+    def close(self) -> None:
+        """The simulation is over: hand what is left to the sink."""
         if self.sink is not None:
             self.sink.add_done(self.done)
             self.done = []
             self._flush_steps()
-        stuck = sum(len(v) for v in self._parked.values())
-        if stuck:
-            raise RuntimeError(f"{stuck} requests wait on requests that never arrived")
 
     def stats(self) -> EngineStats:
-        sched_stats = getattr(self.scheduler, "stats", None)
-        return EngineStats(num_steps=self.steps.next_step, num_run_steps=self.num_fast_steps,
+        return EngineStats(num_steps=self.steps.next_step, num_run_steps=self.num_run_steps,
                            num_runs=self.num_runs, num_arrived=self.num_arrived,
-                           scheduler=dict(sched_stats()) if sched_stats else {})
+                           scheduler=dict(self.scheduler.stats()))
 
-    # ---------------------------------------------------------- processes
+    # --------------------------------------- state, as a router sees it now
 
-    def _arrivals(self):
-        for spec in self._specs:
-            if spec.after_request_id is not None:
-                self._park(spec)
-                continue
-            delay = spec.arrival_time_s - self.env.now
-            if delay > 0:
-                yield _ArrivalTimeout(self.env, delay)
-            self._admit(spec, max(spec.arrival_time_s, self.env.now))
-        self._arrivals_done = True
+    @property
+    def num_running(self) -> int:
+        return self.scheduler.get_request_counts()[0]
 
-    def _engine(self):
+    @property
+    def num_waiting(self) -> int:
+        """Queued in the scheduler, plus submitted and not yet scheduled."""
+        return self.scheduler.get_request_counts()[1] + len(self._inbox)
+
+    def kv_cache_usage(self) -> float:
+        self._sync_run()
+        return self.scheduler.kv_cache_usage()
+
+    def num_free_blocks(self) -> int:
+        self._sync_run()
+        return self.scheduler.num_free_blocks()
+
+    def prefix_hit_blocks(self, block_hashes) -> int:
+        self._sync_run()
+        return self.scheduler.prefix_hit_blocks(block_hashes)
+
+    # ------------------------------------------------------------ process
+
+    def _loop(self):
         sched = self.scheduler
+        ticks = 0
         while True:
             arrived = bool(self._inbox)
             for req in self._inbox:
                 sched.add_request(req)
             self._inbox.clear()
-            if not sched.has_requests():
-                if self._arrivals_done and not self._num_pending_releases:
-                    return
-                if not self._reported_finished:
-                    yield from self._sleep_until_arrival()
-                    continue
-            run = None
-            # A step right after arrivals nearly always admits one (no decode
-            # run); stepping it one by one is exact either way.
-            if self.fast_path and not arrived:
-                run = plan_decode_run(sched, self._decode_run_times, self.env.now, self.env.peek())
+            if not sched.has_requests() and not (self._reported_finished and self._more_input()):
+                self._reported_finished = False
+                yield from self._sleep()
+                continue
+            ticks += 1
+            if self.progress is not None and not ticks & 255:
+                self.progress(self.env.now, self.num_done)
+            # A step right after arrivals nearly always admits one, so no run
+            # is asked for then; stepping it one by one is exact either way.
+            run = sched.plan_decode_run() if self.fast_path and not arrived else None
             if run is not None:
-                yield from self._decode_run(run)
-            else:
-                yield from self._step()
+                times, durations = self._decode_run_times(run.num_seqs, run.context_token_sum,
+                                                          self.env.now, run.max_steps,
+                                                          self._next_input_time())
+                if durations:
+                    yield from self._decode_run(run, times, durations)
+                    continue
+            yield from self._step()
 
-    def _sleep_until_arrival(self):
+    def _sleep(self):
         self._wake = self.env.event()
         yield self._wake
         self._wake = None
@@ -289,7 +232,7 @@ class Engine:
         """One engine step: schedule -> cost -> advance clock -> apply outputs -> record."""
         env, sched = self.env, self.scheduler
         start = env.now
-        plan = (self.fast_path and schedule_step(sched)) or sched.schedule()
+        plan = sched.schedule()
         for req, _, _ in plan.scheduled:
             if math.isnan(req.scheduled_time):
                 req.scheduled_time = start
@@ -308,12 +251,39 @@ class Engine:
         if plan.is_empty and not self._progress_possible():
             self._fail_unschedulable()
 
-    def _decode_run(self, run):
-        """K identical decode steps at once (the fast path, kvsim/sim/fast.py)."""
-        yield _AtTime(self.env, float(run.times[-1]))
-        finished = apply_decode_run(self.scheduler, run)
-        self._record_run(run, finished)
+    def _decode_run(self, run: DecodeRun, times: list[float], durations: list[float]):
+        """Decode steps costed at once; their effects applied at the end of the last."""
+        flight = self._in_flight = _RunInFlight(run, times, durations, len(durations))
+        while True:
+            try:
+                # At the exact last boundary: the fast path adds step times left
+                # to right, as the step path's successive timeouts do.
+                yield AtTime(self.env, times[flight.num_steps])
+                break
+            except simpy.Interrupt:
+                pass                                 # cut by a submit: wait for the new end
+        self._in_flight = None
+        k = flight.num_steps
+        if k == 0:
+            return                                   # cut before its first step began
+        finished = self.scheduler.apply_decode_run(run, k, times[1:k + 1])
+        self._record_run(flight, finished)
         self._finish(finished)
+
+    def _cut_run(self) -> None:
+        """A request was submitted mid-run: keep the steps that already started."""
+        flight = self._in_flight
+        started = bisect_left(flight.times, self.env.now, 0, flight.num_steps)
+        if started < flight.num_steps:
+            flight.num_steps = started
+            self._process.interrupt()
+
+    def _sync_run(self) -> None:
+        """Blocks and caching of the run steps started so far, as the step path has them."""
+        flight = self._in_flight
+        if flight is not None:
+            started = bisect_left(flight.times, self.env.now, 0, flight.num_steps)
+            self.scheduler.sync_decode_run(flight.run, started)
 
     def _finish(self, finished: list[Request]) -> None:
         for req in finished:
@@ -325,70 +295,19 @@ class Engine:
         if self.sink is not None and len(self.steps) >= self.flush_every:
             self._flush_steps()
 
-    # ------------------------------------------------------------ helpers
-
-    def _admit(self, spec: RequestSpec, now: float) -> None:
-        if spec.n > 1:
-            # vLLM V1 fans parallel sampling out into n child requests with the
-            # same prompt; prefix caching shares their full prompt blocks.
-            for k in range(spec.n):
-                self._admit(replace(spec, request_id=f"{spec.request_id}#{k}", n=1), now)
-            return
-        req = self.make_request(spec, self._index, now)
-        self._index += 1
-        self.num_arrived += 1
-        reason = self.check_request(req)
-        if reason:
-            req.status = RequestStatus.FAILED
-            req.fail_reason = reason
-            req.finish_time = now
-            self._on_done(req)
-            return
-        self._inbox.append(req)
-        if self._wake is not None and not self._wake.triggered:
-            self._wake.succeed()
-
-    def _park(self, spec: RequestSpec) -> None:
-        dep = spec.after_request_id
-        if dep in self._finished_at:
-            self._schedule_release(spec, self._finished_at[dep] + spec.think_time_s)
-        else:
-            self._parked.setdefault(dep, []).append(spec)
-
-    def _schedule_release(self, spec: RequestSpec, at: float) -> None:
-        if at <= self.env.now:
-            # Due now: it must be visible to the step that starts now.
-            self._admit(spec, self.env.now)
-            return
-        self._num_pending_releases += 1
-
-        def release(_event, spec=spec, at=at):
-            self._num_pending_releases -= 1
-            self._admit(spec, at)
-
-        ev = _ArrivalTimeout(self.env, max(0.0, at - self.env.now))
-        ev.callbacks.append(release)
+    # ------------------------------------------------------------ records
 
     def _on_done(self, req: Request) -> None:
         # A done request never touches the KV cache again: drop its token ids
         # and hashes (the bulk of its memory); its timings stay for the tables.
         req.all_token_ids = req.block_hashes = None
         self.done.append(req)
-        # Kept for every request: a later turn may name one that finished
-        # (or failed on arrival) before the turn itself was read.
-        self._finished_at[req.request_id] = req.finish_time
+        self.num_done += 1
         if self.sink is not None and len(self.done) >= self.flush_every:
             self.sink.add_done(self.done)
             self.done = []
-        for spec in self._parked.pop(req.request_id, ()):
-            self._schedule_release(spec, req.finish_time + spec.think_time_s)
-        if self.concurrency:
-            self._release_next_closed_loop()
-
-    def _release_next_closed_loop(self) -> None:
-        spec = next(self._specs, None)
-        if spec is not None:
-            self._schedule_release(spec, self.env.now)
+        if self.on_done is not None:
+            self.on_done(req)
 
     def _record(self, plan: StepPlan, finished: list[Request], start: float, duration: float) -> None:
         sched = self.scheduler
@@ -400,11 +319,10 @@ class Engine:
             else:
                 prefill += n
         running, waiting = sched.get_request_counts()
-        kv = sched.kv
+        free = sched.num_free_blocks()
         self.steps.append(
             self.steps.next_step, start, duration, prefill, decode, len(plan.scheduled),
-            running, waiting, len(plan.preempted), len(finished),
-            kv.get_num_free_blocks(), kv.usage)
+            running, waiting, len(plan.preempted), len(finished), free, sched.kv_cache_usage())
         if self.trace is not None:
             self.trace({
                 "step": self.steps.next_step - 1,
@@ -412,40 +330,41 @@ class Engine:
                 "scheduled": {r.request_id: n for r, n, _ in plan.scheduled},
                 "preempted": [r.request_id for r in plan.preempted],
                 "finished": [r.request_id for r in finished],
-                "num_free_blocks": kv.get_num_free_blocks(),
+                "num_free_blocks": free,
                 "num_running": running,
                 "num_waiting": waiting,
                 "prefix_hit_tokens": dict(plan.prefix_hit_tokens),
                 "resume_hit_tokens": dict(plan.resume_hit_tokens),
             })
 
-    def _flush_steps(self) -> None:
-        self.sink.add_steps(self.steps.columns)
-        self.steps = StepLog(first_step=self.steps.next_step)
-
-    def _record_run(self, run, finished: list[Request]) -> None:
+    def _record_run(self, flight: _RunInFlight, finished: list[Request]) -> None:
         sched = self.scheduler
-        k = run.num_steps
-        b = len(sched.running) + len(finished)          # batch size during the run
+        k = flight.num_steps
+        run = flight.run
+        b = run.num_seqs
         waiting = sched.get_request_counts()[1]
         first = self.steps.next_step
-        free = run.free_after
-        free[-1] = sched.kv.get_num_free_blocks()        # after the finished were freed
-        self.steps.add_run(run.times[:-1], run.durations, free, b, waiting, len(finished),
-                           sched.kv.num_usable_blocks)
-        self.num_fast_steps += k
+        free = run.free_after[:k]
+        free[-1] = sched.num_free_blocks()               # after the finished were freed
+        self.steps.add_run(flight.times[:k], flight.durations[:k], free, b, waiting, len(finished),
+                           sched.num_usable_blocks)
+        self.num_run_steps += k
         self.num_runs += 1
         if self.trace is not None:
-            scheduled = {rid: 1 for rid in run.request_ids}
+            ids = [r.request_id for r in run.requests]
             for j in range(k):
                 last = j == k - 1
-                self.trace({"step": first + j, "start_time": float(run.times[j]),
-                            "scheduled": dict(scheduled), "preempted": [],
+                self.trace({"step": first + j, "start_time": float(flight.times[j]),
+                            "scheduled": dict.fromkeys(ids, 1), "preempted": [],
                             "finished": [r.request_id for r in finished] if last else [],
                             "num_free_blocks": int(free[j]),
                             "num_running": b - len(finished) if last else b,
                             "num_waiting": waiting, "prefix_hit_tokens": {},
                             "resume_hit_tokens": {}})
+
+    def _flush_steps(self) -> None:
+        self.sink.add_steps(self.steps.columns)
+        self.steps = StepLog(first_step=self.steps.next_step)
 
     def _progress_possible(self) -> bool:
         running, waiting = self.scheduler.get_request_counts()
@@ -453,8 +372,9 @@ class Engine:
 
     def _fail_unschedulable(self) -> None:
         """Nothing runs and the waiting head cannot start: fail it, never hang."""
-        sched = self.scheduler
-        req = sched.waiting.pop()
+        req = self.scheduler.pop_unschedulable()
+        if req is None:
+            return
         req.status = RequestStatus.FAILED
         req.fail_reason = "cannot be scheduled even with the whole KV cache free"
         req.finish_time = self.env.now

@@ -1,14 +1,16 @@
-"""Build a scheduler and an engine for a list of requests, and run them."""
+"""Build a scheduler, an engine and its front end for a list of requests, and run them."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+import simpy
+
 from kvsim.cost.base import ConstantCostModel, CostModel
-from kvsim.kv.manager import cdiv
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.request import Request
 from kvsim.sim.engine import Engine
+from kvsim.sim.frontend import Frontend
 from kvsim.workload.request import RequestSpec
 
 SCHEDULERS = ("chunked", "continuous", "static")
@@ -34,7 +36,7 @@ def request_problem(req: Request, config: SchedulerConfig) -> str:
     if req.prompt_len >= config.max_model_len:
         # vLLM's input processor rejects these before they reach the scheduler.
         return f"prompt of {req.prompt_len} tokens >= max_model_len {config.max_model_len}"
-    need = cdiv(req.final_num_tokens, config.block_size)
+    need = -(-req.final_num_tokens // config.block_size)     # final_num_tokens <= max_model_len
     usable = config.num_gpu_blocks - 1
     if need > usable:
         return (f"needs {need} KV blocks for {req.final_num_tokens} tokens; "
@@ -42,12 +44,10 @@ def request_problem(req: Request, config: SchedulerConfig) -> str:
     return ""
 
 
-def run_engine(specs: Iterable[RequestSpec], config: SchedulerConfig, *,
-               scheduler: str = "chunked", cost_model: CostModel | None = None,
-               trace: Callable[[dict], None] | None = None,
-               concurrency: int | None = None, fast_path: bool = True, sink=None,
-               flush_every: int = 20_000) -> Engine:
-    """Simulate ``specs`` on one engine; returns the engine with its records."""
+def make_engine(config: SchedulerConfig, *, scheduler: str = "chunked",
+                cost_model: CostModel | None = None, env: simpy.Environment | None = None,
+                **engine_options) -> Engine:
+    """One engine replica with its scheduler and request builder (not started)."""
     sched = make_scheduler(scheduler, config)
 
     def make(spec: RequestSpec, index: int, arrival: float) -> Request:
@@ -55,9 +55,28 @@ def run_engine(specs: Iterable[RequestSpec], config: SchedulerConfig, *,
                        max_model_len=config.max_model_len, arrival_time=arrival,
                        hash_blocks=config.enable_prefix_caching, keep_tokens=config.debug)
 
-    engine = Engine(sched, cost_model or ConstantCostModel(1.0), make_request=make,
-                    check_request=lambda r: request_problem(r, config),
-                    trace=trace, concurrency=concurrency, fast_path=fast_path, sink=sink,
-                    flush_every=flush_every)
-    engine.run(specs)
+    return Engine(sched, cost_model or ConstantCostModel(1.0), make_request=make,
+                  check_request=lambda r: request_problem(r, config), env=env, **engine_options)
+
+
+def run_engine(specs: Iterable[RequestSpec], config: SchedulerConfig, *,
+               scheduler: str = "chunked", cost_model: CostModel | None = None,
+               trace: Callable[[dict], None] | None = None,
+               concurrency: int | None = None, fast_path: bool = True, sink=None,
+               flush_every: int = 20_000,
+               progress: Callable[[float, int], None] | None = None) -> Engine:
+    """Simulate ``specs`` on one engine; returns the engine with its records."""
+    env = simpy.Environment(initial_time=0.0)
+    engine: Engine | None = None
+    frontend = Frontend(env, specs, lambda spec, at, index: engine.submit(spec, at, index),
+                        concurrency=concurrency)
+    engine = make_engine(config, scheduler=scheduler, cost_model=cost_model, env=env, trace=trace,
+                         fast_path=fast_path, sink=sink, flush_every=flush_every,
+                         on_done=lambda req: frontend.on_done(req.request_id, req.finish_time),
+                         more_input=frontend.has_more_input, progress=progress)
+    frontend.start()
+    engine.start()
+    env.run()
+    engine.close()
+    frontend.check_all_sent()
     return engine

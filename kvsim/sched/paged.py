@@ -1,0 +1,128 @@
+"""What the paged schedulers (``chunked``, ``continuous``) share.
+
+The KV manager, the running list, the state queries the engine and routers
+read, finishing requests, and the mechanics of a decode run: while every
+running request only decodes, consecutive steps differ only in their context
+lengths and in the blocks taken at block boundaries, so the scheduler can say
+up front how many steps the batch runs unchanged and then apply them in one
+go. *Which* steps may be skipped is each scheduler's own rule
+(``plan_decode_run``); the blocks and the caching are the KV manager's
+(``decode_run_allocations``, ``allocate_decode_steps``).
+"""
+
+from __future__ import annotations
+
+from kvsim.sched.base import DecodeRun
+from kvsim.sched.config import SchedulerConfig
+from kvsim.sched.request import Request, RequestStatus
+
+
+class PagedScheduler:
+    """Base of the schedulers that use the paged ``KVCacheManager``."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self.kv = config.make_kv_manager()
+        self.running: list[Request] = []
+
+    # ------------------------------------------------------- state queries
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.kv.num_usable_blocks
+
+    def num_free_blocks(self) -> int:
+        return self.kv.get_num_free_blocks()
+
+    def kv_cache_usage(self) -> float:
+        return self.kv.usage
+
+    def prefix_hit_blocks(self, block_hashes) -> int:
+        return self.kv.num_cached_prefix_blocks(block_hashes)
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+    # ------------------------------------------------------------ finishing
+
+    def finish_requests(self, finished: list[Request], now: float) -> list[Request]:
+        """Free finished requests at once, in scheduled order, tail block first (S7, B6)."""
+        for req in finished:
+            req.status = RequestStatus.FINISHED
+            req.finish_time = now
+            self.running.remove(req)
+            self.kv.free(req)
+        return finished
+
+    # ---------------------------------------------------------- decode runs
+
+    def _decoding_batch(self) -> tuple[int, int] | None:
+        """(steps until the first request finishes, context sum) if every running
+        request decodes exactly one token per step; else None.
+
+        The run ends with the step in which some request emits its last token:
+        it finishes, and the batch changes after it. A request that reaches
+        max_model_len stops there too (its final length is capped).
+        """
+        if not self.running:
+            return None
+        min_remaining = 1 << 62
+        context_sum = 0
+        for r in self.running:
+            c = r.num_computed_tokens
+            out = r.num_output_tokens
+            if out == 0 or r.prompt_len + out - c != 1:
+                return None                       # a prefill chunk is pending
+            rem = r.final_num_tokens - r.prompt_len - out
+            if rem < min_remaining:
+                min_remaining = rem
+            context_sum += c
+        return min_remaining, context_sum
+
+    def _make_run(self, max_steps: int, context_sum: int,
+                  steps_that_fit) -> DecodeRun | None:
+        """A run of at most ``max_steps``, cut where blocks run out.
+
+        ``steps_that_fit(allocations, num_free)`` is the scheduler's rule for
+        how many steps the free blocks carry (the step after them would
+        preempt or wait).
+        """
+        if max_steps < 1:
+            return None
+        reqs = list(self.running)
+        computed = [r.num_computed_tokens for r in reqs]
+        allocations = self.kv.decode_run_allocations(reqs, computed, max_steps)
+        if allocations is None:
+            return None
+        free = self.kv.get_num_free_blocks()
+        k = min(max_steps, steps_that_fit(allocations, free, len(reqs)))
+        if k < 1:
+            return None
+        if len(allocations) and allocations[-1][0] > k:
+            allocations = [e for e in allocations if e[0] <= k]
+        return DecodeRun(num_seqs=len(reqs), context_token_sum=context_sum, max_steps=k,
+                         requests=reqs, num_computed=computed, allocations=allocations,
+                         num_free_blocks=free)
+
+    def sync_decode_run(self, run: DecodeRun, num_started: int) -> None:
+        if num_started > run.steps_allocated:
+            run.free_after += self.kv.allocate_decode_steps(
+                run.requests, run.num_computed, run.allocations, run.steps_allocated + 1, num_started)
+            run.steps_allocated = num_started
+
+    def apply_decode_run(self, run: DecodeRun, num_steps: int,
+                         token_times: list[float]) -> list[Request]:
+        """S6-S7 of ``num_steps`` one-token steps, for every request of the batch."""
+        if not 1 <= num_steps <= run.max_steps or len(token_times) != num_steps:
+            raise ValueError(f"apply_decode_run: {num_steps} steps of a run of {run.max_steps} "
+                             f"with {len(token_times)} token times")
+        self.sync_decode_run(run, num_steps)
+        finished = []
+        k = num_steps
+        for r in run.requests:
+            r.num_computed_tokens += k
+            r.num_output_tokens = out = r.num_output_tokens + k
+            r.token_times.extend(token_times)
+            if r.prompt_len + out >= r.final_num_tokens:      # is_finished
+                finished.append(r)
+        return self.finish_requests(finished, token_times[-1])

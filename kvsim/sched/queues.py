@@ -1,0 +1,77 @@
+"""The waiting queues: FCFS (a deque) and priority (a heap), kv-semantics S8."""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+from kvsim.sched.request import Request
+
+
+class FcfsQueue:
+    """The waiting queue under FCFS: a deque; preempted requests go to the front (S8)."""
+
+    def __init__(self) -> None:
+        self._q: deque[Request] = deque()
+
+    def add(self, req: Request) -> None:
+        self._q.append(req)
+
+    def prepend(self, req: Request) -> None:
+        self._q.appendleft(req)
+
+    def peek(self) -> Request:
+        return self._q[0]
+
+    def pop(self) -> Request:
+        return self._q.popleft()
+
+    def remove(self, req: Request) -> None:
+        self._q.remove(req)
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __iter__(self):
+        return iter(self._q)
+
+
+class PriorityQueue:
+    """The waiting queue under ``policy=priority``: a heap (S8).
+
+    vLLM orders requests by (priority, arrival_time, request_id) — the id is
+    compared as a string, so "r10" comes before "r2" — and ``prepend`` just
+    re-inserts into the heap.
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, float, str, Request]] = []
+
+    def add(self, req: Request) -> None:
+        heapq.heappush(self._heap, (req.priority, req.arrival_time, req.request_id, req))
+
+    prepend = add
+
+    def peek(self) -> Request:
+        return self._heap[0][3]
+
+    def pop(self) -> Request:
+        return heapq.heappop(self._heap)[3]
+
+    def remove(self, req: Request) -> None:
+        self._heap = [e for e in self._heap if e[3] is not req]
+        heapq.heapify(self._heap)
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def __iter__(self):
+        return (e[3] for e in sorted(self._heap, key=lambda e: e[:3]))
+
+
+def make_waiting_queue(policy: str):
+    if policy == "fcfs":
+        return FcfsQueue()
+    if policy == "priority":
+        return PriorityQueue()
+    raise ValueError(f"engine.policy: {policy!r} is not one of 'fcfs', 'priority'")

@@ -1,0 +1,94 @@
+"""Per-step records of one engine, kept as columns."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class StepLog:
+    """Per-step records, kept as columns (cheap to append, cheap to tabulate).
+
+    A step of the step path is appended as a row. A decode run of the fast
+    path is kept as one record (its K steps differ only in their times and
+    free blocks) and expanded with numpy when ``columns`` is read.
+    """
+
+    COLUMNS = ("step", "start_time_s", "duration_s", "num_prefill_tokens", "num_decode_tokens",
+               "num_scheduled_reqs", "num_running", "num_waiting", "num_preempted",
+               "num_finished", "num_free_blocks", "kv_cache_usage")
+    FLOAT_COLUMNS = ("start_time_s", "duration_s", "kv_cache_usage")
+
+    def __init__(self, first_step: int = 0) -> None:
+        self._rows: dict[str, list] = {c: [] for c in self.COLUMNS}
+        # Decode runs: one (first step, K, batch size, waiting, finished in the
+        # last step, usable blocks) each; their per-step values in flat lists.
+        self._runs: list[tuple] = []
+        self._run_starts: list[float] = []
+        self._run_durations: list[float] = []
+        self._run_free: list[int] = []
+        self._len = 0
+        self.first_step = first_step
+
+    def __len__(self) -> int:
+        return self._len
+
+    @property
+    def next_step(self) -> int:
+        return self.first_step + self._len
+
+    def append(self, *values) -> None:
+        """One step, values in ``COLUMNS`` order (its step number first)."""
+        for col, v in zip(self._rows.values(), values):
+            col.append(v)
+        self._len += 1
+
+    def add_run(self, starts: list[float], durations: list[float], free_after: list[int],
+                batch: int, waiting: int, num_finished: int, usable_blocks: int) -> None:
+        """K decode steps of ``batch`` requests; the last one finishes ``num_finished``."""
+        k = len(durations)
+        self._runs.append((self.next_step, k, batch, waiting, num_finished, usable_blocks))
+        self._run_starts += starts
+        self._run_durations += durations
+        self._run_free += free_after
+        self._len += k
+
+    @property
+    def columns(self) -> dict[str, np.ndarray]:
+        """Every step in step order, one numpy array per column."""
+        n = self._len
+        out = {c: np.empty(n, dtype=float if c in self.FLOAT_COLUMNS else np.int64)
+               for c in self.COLUMNS}
+        if self._rows["step"]:
+            at = np.asarray(self._rows["step"], dtype=np.int64) - self.first_step
+            for c, values in self._rows.items():
+                out[c][at] = values
+        if self._runs:
+            firsts, ks, batch, waiting, fin, usable = (np.asarray(v, dtype=np.int64)
+                                                        for v in zip(*self._runs))
+            total = len(self._run_durations)
+            ends = np.cumsum(ks)
+            last = ends - 1                              # index of each run's last step
+            at = np.repeat(firsts - self.first_step, ks) + np.arange(total) - np.repeat(ends - ks, ks)
+            b = np.repeat(batch, ks)
+            free = np.asarray(self._run_free, dtype=np.int64)
+            running = b.copy()
+            running[last] -= fin
+            finished = np.zeros(total, dtype=np.int64)
+            finished[last] = fin
+            cols = {
+                "step": at + self.first_step,
+                "start_time_s": np.asarray(self._run_starts, dtype=float),
+                "duration_s": np.asarray(self._run_durations, dtype=float),
+                "num_prefill_tokens": 0,
+                "num_decode_tokens": b,
+                "num_scheduled_reqs": b,
+                "num_running": running,
+                "num_waiting": np.repeat(waiting, ks),
+                "num_preempted": 0,
+                "num_finished": finished,
+                "num_free_blocks": free,
+                "kv_cache_usage": 1.0 - free / np.repeat(usable, ks),
+            }
+            for c, values in cols.items():
+                out[c][at] = values
+        return out
