@@ -62,7 +62,14 @@ def imports_of(path: Path) -> list[tuple[int, str]]:
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    tree = ast.parse(path.read_text(), str(path))
+    # Imports under `if TYPE_CHECKING:` are for type hints only, never run.
+    type_only = {id(n) for block in ast.walk(tree)
+                 if isinstance(block, ast.If) and getattr(block.test, "id", None) == "TYPE_CHECKING"
+                 for stmt in block.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
