@@ -227,10 +227,6 @@ def test_max_concurrency_with_every_request_at_t0_is_a_closed_loop():
 
 @pytest.mark.parametrize("bench,message", [
     ({"max_concurrency": 0}, "workload.bench.max_concurrency: must be greater than 0 (vLLM --max-concurrency)"),
-    ({"max_concurrency": 2, "request_rate": 4.0},
-     "workload.bench.max_concurrency with requests spread over time (a finite request_rate, a "
-     "ramp-up or trace timestamps) is not simulated yet; use request_rate: inf (all requests at "
-     "t=0), or drop max_concurrency"),
     ({"ramp_up_strategy": "linear", "ramp_up_start_rps": 1, "ramp_up_end_rps": 5, "request_rate": 2.0},
      "workload.bench.request_rate: do not give it with ramp_up_strategy; the request rate is "
      "controlled by the ramp-up parameters (vLLM)"),

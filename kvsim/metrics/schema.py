@@ -32,4 +32,5 @@ STEP_COLUMNS = [
     "num_finished",
     "num_free_blocks",       # after finished requests were freed
     "kv_cache_usage",        # 1 - free / usable blocks, in [0, 1]
+    "num_generated_tokens",  # tokens sampled in this step (vLLM's generation tokens)
 ]

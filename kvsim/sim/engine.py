@@ -322,7 +322,8 @@ class Engine:
         free = sched.num_free_blocks()
         self.steps.append(
             self.steps.next_step, start, duration, prefill, decode, len(plan.scheduled),
-            running, waiting, len(plan.preempted), len(finished), free, sched.kv_cache_usage())
+            running, waiting, len(plan.preempted), len(finished), free, sched.kv_cache_usage(),
+            plan.num_sampled)
         if self.trace is not None:
             self.trace({
                 "step": self.steps.next_step - 1,

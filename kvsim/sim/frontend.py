@@ -123,6 +123,9 @@ class Frontend:
         AtTime(self.env, at, urgent=True).callbacks.append(release)
 
     def _release_next_closed_loop(self) -> None:
+        """A client is free: it sends its next request, not before that request's
+        own send time (``vllm bench serve --max-concurrency`` with a request rate:
+        a semaphore around timed sends)."""
         spec = next(self._specs, None)
         if spec is not None:
-            self._schedule_release(spec, self.env.now)
+            self._schedule_release(spec, max(self.env.now, spec.arrival_time_s))

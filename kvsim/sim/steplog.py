@@ -15,7 +15,7 @@ class StepLog:
 
     COLUMNS = ("step", "start_time_s", "duration_s", "num_prefill_tokens", "num_decode_tokens",
                "num_scheduled_reqs", "num_running", "num_waiting", "num_preempted",
-               "num_finished", "num_free_blocks", "kv_cache_usage")
+               "num_finished", "num_free_blocks", "kv_cache_usage", "num_generated_tokens")
     FLOAT_COLUMNS = ("start_time_s", "duration_s", "kv_cache_usage")
 
     def __init__(self, first_step: int = 0) -> None:
@@ -88,6 +88,7 @@ class StepLog:
                 "num_finished": finished,
                 "num_free_blocks": free,
                 "kv_cache_usage": 1.0 - free / np.repeat(usable, ks),
+                "num_generated_tokens": b,
             }
             for c, values in cols.items():
                 out[c][at] = values

@@ -142,15 +142,6 @@ def _check_traffic(c: BenchConfig) -> None:
                                               "(get_request asserts a positive rate); start above 0")
     if c.self_timed is not None and c.dataset_name != "timed_trace":
         raise _error("self_timed", ": only supported with dataset_name timed_trace (vLLM)")
-    timed = c.dataset_name == "timed_trace" and c.self_timed is not False
-    finite_rate = c.request_rate != INF or c.ramp_up_strategy is not None or timed
-    if c.max_concurrency is not None and finite_rate:
-        # The engine front end that holds an arrived request until a slot is free
-        # (vLLM's semaphore) is not in kvsim yet; with every request at t=0 a closed
-        # loop is the same thing, and that is what kvsim runs.
-        raise _error("max_concurrency", " with requests spread over time (a finite request_rate, "
-                                        "a ramp-up or trace timestamps) is not simulated yet; use "
-                                        "request_rate: inf (all requests at t=0), or drop max_concurrency")
 
 
 def _check_dataset(c: BenchConfig) -> None:
