@@ -111,12 +111,12 @@ class ChunkedScheduler(PagedScheduler):
         batch = self._decoding_batch()
         if batch is None or len(self.running) > self.config.max_num_batched_tokens:
             return None
-        max_steps, context_sum = batch
+        max_steps, context_sum, computed = batch
         self.refresh_threshold()
-        max_steps = min(max_steps, self._steps_waiting_stays_shut(max_steps))
-        return self._make_run(max_steps, context_sum, _steps_before_a_block_runs_out)
+        max_steps = min(max_steps, self._steps_waiting_stays_shut(max_steps, computed))
+        return self._make_run(max_steps, context_sum, computed, _steps_before_a_block_runs_out)
 
-    def _steps_waiting_stays_shut(self, max_steps: int) -> int:
+    def _steps_waiting_stays_shut(self, max_steps: int, computed: list[int]) -> int:
         """How many of the next decode steps certainly admit nothing (S3, S4).
 
         Nothing is admitted while the queue is empty, ``max_num_seqs`` is
@@ -151,8 +151,7 @@ class ChunkedScheduler(PagedScheduler):
         j = len(hits)
         if j >= (head.num_tokens - 1) // self.kv.block_size:
             return max_steps                     # the longest hit H3 allows
-        first = self.kv.first_step_caching(self.running, [r.num_computed_tokens for r in self.running],
-                                           head.block_hashes[j], max_steps)
+        first = self.kv.first_step_caching(self.running, computed, head.block_hashes[j], max_steps)
         return max_steps if first is None else first - 1
 
     # ------------------------------------------------------------- running

@@ -66,9 +66,10 @@ class PagedScheduler:
 
     # ---------------------------------------------------------- decode runs
 
-    def _decoding_batch(self) -> tuple[int, int] | None:
-        """(steps until the first request finishes, context sum) if every running
-        request decodes exactly one token per step; else None.
+    def _decoding_batch(self) -> tuple[int, int, list[int]] | None:
+        """(steps until the first request finishes, context sum, each request's
+        computed tokens) if every running request decodes exactly one token per
+        step; else None.
 
         The run ends with the step in which some request emits its last token:
         it finishes, and the batch changes after it. A request that reaches
@@ -77,7 +78,7 @@ class PagedScheduler:
         if not self.running:
             return None
         min_remaining = 1 << 62
-        context_sum = 0
+        computed = []
         for r in self.running:
             c = r.num_computed_tokens
             out = r.num_output_tokens
@@ -86,10 +87,10 @@ class PagedScheduler:
             rem = r.final_num_tokens - r.prompt_len - out
             if rem < min_remaining:
                 min_remaining = rem
-            context_sum += c
-        return min_remaining, context_sum
+            computed.append(c)
+        return min_remaining, sum(computed), computed
 
-    def _make_run(self, max_steps: int, context_sum: int,
+    def _make_run(self, max_steps: int, context_sum: int, computed: list[int],
                   steps_that_fit) -> DecodeRun | None:
         """A run of at most ``max_steps``, cut where blocks run out.
 
@@ -102,7 +103,6 @@ class PagedScheduler:
             return None
         kv = self.kv
         reqs = list(self.running)
-        computed = [r.num_computed_tokens for r in reqs]
         first = kv.decode_run_first_allocations(reqs, computed)
         if first is None:
             return None
