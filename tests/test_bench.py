@@ -308,3 +308,59 @@ def test_attribution_charges_builtins_and_libraries_to_their_kvsim_caller(tmp_pa
 def test_bench_scenarios_folder_is_an_option_and_a_missing_one_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"^--scenarios .*nowhere: no w1.yaml there; give the folder"):
         bench.bench_command(bench_args("W1", scenarios=str(tmp_path / "nowhere")), log=lambda *_: None)
+
+
+# ---------------------------------------------------------------- --compare
+
+
+def fake_compare_run(sim_cpu: float, summary: dict | None = None) -> dict:
+    return {"sim_cpu_s": sim_cpu, "sim_s": 2 * sim_cpu, "process_cpu_s": 1 + sim_cpu,
+            "process_wall_s": 2 + sim_cpu, "peak_rss_mib": 100.0, "summary": summary or {"a": 1}}
+
+
+def test_compare_report_gives_the_median_of_the_pairs_ratios():
+    from kvsim.bench.compare import render_compare
+
+    runs = {"A": [fake_compare_run(x) for x in (1.0, 2.0, 4.0)],
+            "B": [fake_compare_run(x) for x in (2.0, 2.0, 5.0)]}
+    ir = {"A": {"simulate": 5e9, "baseline": 3e9, "engine": 2e9},
+          "B": {"simulate": 7e9, "baseline": 3e9, "engine": 4e9}}
+    text = render_compare("this", "ref", "W1", runs, ir, ir_requests=2000, requests=None, valgrind=True)
+    # pairs: 1/2, 2/2, 4/5 -> median 0.8
+    assert "| CPU time in simulate() (s) | 2.000 | 1.000 | 2.000 | 2.000 | 0.800 |" in text
+    assert "| A | 5.000 G | 3.000 G | 2.000 G |" in text
+    assert "A / B, engine instructions: 0.500" in text
+    assert "Same summary from both versions: yes." in text
+    runs["B"][1] = fake_compare_run(2.0, {"a": 2})
+    assert "Same summary from both versions: NO." in render_compare(
+        "this", "ref", "W1", runs, None, ir_requests=None, requests=None, valgrind=False)
+
+
+def test_compare_ref_is_a_worktree_or_a_commit_and_anything_else_is_named(tmp_path):
+    from kvsim.bench.compare import resolve_ref, this_tree
+
+    repo = this_tree()
+    with pytest.raises(ValueError, match=r"^--compare no-such-ref: neither a folder nor a git commit"):
+        resolve_ref("no-such-ref", tmp_path, repo=repo)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"the folder has no kvsim/ package"):
+        resolve_ref(str(tmp_path / "empty"), tmp_path, repo=repo)
+    folder, name = resolve_ref(str(repo), tmp_path, repo=repo)
+    assert folder == repo
+    import subprocess
+    exported, name = resolve_ref("HEAD", tmp_path, repo=repo)
+    committed = subprocess.run(["git", "-C", str(repo), "show", "HEAD:kvsim/bench/compare.py"],
+                               capture_output=True, check=True).stdout
+    assert (exported / "kvsim" / "bench" / "compare.py").read_bytes() == committed   # HEAD's, not the tree's
+    assert name.startswith("HEAD (git ") and exported.is_relative_to(tmp_path)
+
+
+@pytest.mark.slow
+def test_compare_of_this_tree_with_itself_runs_both_and_finds_the_same_summary(tmp_path):
+    from kvsim.bench.compare import compare, this_tree
+
+    lines: list[str] = []
+    text = compare(str(this_tree()), pairs=1, requests=20, ir_requests=None,
+                   scenarios=this_tree() / "scenarios" / "bench", log=lines.append)
+    assert "Same summary from both versions: yes." in text
+    assert sum("pair 1/1" in line for line in lines) == 2
