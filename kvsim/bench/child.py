@@ -44,7 +44,10 @@ def run_child(argv: list[str]) -> int:
 
     record_file, path, scenario, *rest = argv
     out_dir, overrides = _run_arguments(rest)
-    # What `kvsim run` imports before it starts (kvsim/scenario/cli.py).
+    # What `kvsim run` imports before it starts (kvsim/cli.py, kvsim/scenario/cli.py).
+    import kvsim.cli  # noqa: F401
+    import kvsim.scenario.cli  # noqa: F401
+    import kvsim.scenario.run_progress  # noqa: F401
     from kvsim.metrics.summary import format_summary
     from kvsim.scenario.loader import load_scenario
     from kvsim.scenario.outputs import check_output_dir
