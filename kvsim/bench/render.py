@@ -112,6 +112,8 @@ def imports_table(m: Measurement) -> list[str]:
     lines += [f"| {name} | {t:.3f} | {100 * t / total:.1f}% |" for name, t in m.imports.items()
               if t >= 0.001]
     lines += [f"| all imports | {total:.3f} | 100% |", ""]
+    if "matplotlib" not in m.imports:
+        lines += ["(matplotlib is not imported by this run.)", ""]
     return lines
 
 
@@ -168,8 +170,10 @@ def render_report(measurements: list[Measurement], *, machine: dict, load_end: t
             + "; tables give the median, min and max; every run is a fresh process. "
             "Time inside simulate() is the simulation alone (scenario loaded, no output writing); "
             "the whole-process wall time includes interpreter start, imports, loading the trace and "
-            "writing summary.json, requests.csv and steps.csv (`kvsim run --out`). Peak memory is "
-            "the process's maximum RSS (`os.wait4`).", ""]
+            "writing summary.json, requests.csv, steps.csv, metrics.csv and bench_serve.json "
+            "(`kvsim run --out`; streaming runs write the first three). Peak memory is "
+            "the process's maximum RSS (`os.wait4`). Events are arrivals + finishes + single "
+            "steps + decode runs (docs/bench.md).", ""]
 
     # Targets first: what the issue asks.
     out += ["## Targets", "", "| workload | target | measured (median) | met |", "|---|---|---|---|"]
@@ -232,7 +236,12 @@ def render_report(measurements: list[Measurement], *, machine: dict, load_end: t
                 f"| whole process | {PEER_WALL_S:.0f} s | {w1.median('process_wall_s'):.2f} s | "
                 f"{PEER_WALL_S / w1.median('process_wall_s'):.1f}x |",
                 f"| per engine step | 60-75 us | {1e6 * sim / steps:.1f} us | "
-                f"{60 / (1e6 * sim / steps):.1f}-{75 / (1e6 * sim / steps):.1f}x |", ""]
+                f"{60 / (1e6 * sim / steps):.1f}-{75 / (1e6 * sim / steps):.1f}x |"]
+        per_event = w1.median("us_per_event")
+        if per_event:
+            out.append(f"| per event (the peer steps every iteration: its events are its steps) | "
+                       f"60-75 us | {per_event:.1f} us | {60 / per_event:.1f}-{75 / per_event:.1f}x |")
+        out.append("")
         if scaled:
             out += ["(Scaled-down run: the peer figures are for 10,000 requests, so this comparison "
                     "is not meaningful here.)", ""]
