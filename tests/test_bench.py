@@ -314,7 +314,7 @@ def test_bench_scenarios_folder_is_an_option_and_a_missing_one_is_named(tmp_path
 
 
 def fake_compare_run(sim_cpu: float, summary: dict | None = None) -> dict:
-    return {"sim_cpu_s": sim_cpu, "sim_s": 2 * sim_cpu, "process_cpu_s": 1 + sim_cpu,
+    return {"sim_cpu_s": sim_cpu, "sim_s": 2 * sim_cpu, "write_cpu_s": 0.5, "process_cpu_s": 1 + sim_cpu,
             "process_wall_s": 2 + sim_cpu, "peak_rss_mib": 100.0, "summary": summary or {"a": 1}}
 
 
@@ -329,6 +329,7 @@ def test_compare_report_gives_the_median_of_the_pairs_ratios():
     # pairs: 1/2, 2/2, 4/5 -> median 0.8
     assert "| CPU time in simulate() (s) | 2.000 | 1.000 | 2.000 | 2.000 | 0.800 |" in text
     assert "| A | 5.000 G | 3.000 G | 2.000 G |" in text
+    assert "| A / B | 0.714 | 1.000 | 0.500 |" in text
     assert "A / B, engine instructions: 0.500" in text
     assert "Same summary from both versions: yes." in text
     runs["B"][1] = fake_compare_run(2.0, {"a": 2})

@@ -12,7 +12,8 @@ minutes, so a before/after pair proves little. Here:
   the workload cut to ``--ir-requests`` (default 2,000) requests, simulated,
   minus a run that only imports, loads the scenario and builds the
   workload's requests (``/work/ir.sh`` of the speed work, the same two
-  runs). Instruction counts miss memory stalls (cache misses cost time, not
+  runs). The timed runs also write the files of ``kvsim run --out`` (timed
+  apart); the callgrind runs do not. Instruction counts miss memory stalls (cache misses cost time, not
   instructions), so the two views together say more than either.
 
 Both versions run the same scenario file (this tree's ``scenarios/bench/``)
@@ -40,18 +41,28 @@ from kvsim.bench.workloads import DEFAULT_SCENARIOS, WORKLOADS
 
 DEFAULT_PAIRS = 5
 
-# Simulate one scenario with the version on PYTHONPATH; print one JSON line.
+# Simulate one scenario with the version on PYTHONPATH, then (OUT not "-") write
+# what `kvsim run --out OUT` writes; print one JSON line.
 _RUN = """
 import json, sys, time
 import kvsim
 from kvsim import load_scenario, simulate
-path, overrides = sys.argv[1], sys.argv[2:]
+path, out, overrides = sys.argv[1], sys.argv[2], sys.argv[3:]
 sc = load_scenario(path, overrides=overrides)
 c0, w0 = time.process_time(), time.perf_counter()
 r = simulate(sc)
 c1, w1 = time.process_time(), time.perf_counter()
+if out != "-":
+    r.write(out)
+    try:
+        from kvsim.vllm_outputs import write_vllm_outputs
+    except ImportError:                 # a version without metrics.csv / bench_serve.json
+        write_vllm_outputs = None
+    if write_vllm_outputs is not None:
+        write_vllm_outputs(r, out)
+c2 = time.process_time()
 print("KVSIM-COMPARE " + json.dumps({"kvsim": kvsim.__file__, "sim_cpu_s": c1 - c0, "sim_s": w1 - w0,
-                                     "summary": r.summary}, default=float))
+                                     "write_cpu_s": c2 - c1, "summary": r.summary}, default=float))
 """
 
 # The same imports and loading, then only the workload's requests (ir.sh's baseline).
@@ -126,7 +137,7 @@ def timed_run(root: Path, scenario: Path, overrides: list[str], workdir: Path, l
     """One simulate() of ``scenario`` with the kvsim of ``root``, in a fresh process."""
     # Run from the scratch folder: `python -c` puts the current folder first on
     # sys.path, where a kvsim/ would shadow PYTHONPATH's.
-    cmd = [sys.executable, "-c", _RUN, str(scenario), *overrides]
+    cmd = [sys.executable, "-c", _RUN, str(scenario), str(workdir / f"{label}-out"), *overrides]
     wall, cpu, rss = run_child(cmd, workdir, label=label, env=_env(root), cwd=workdir)
     line = next(ln for ln in (workdir / f"{label}.log").read_text().splitlines()
                 if ln.startswith("KVSIM-COMPARE "))
@@ -141,8 +152,10 @@ def instructions(root: Path, scenario: Path, overrides: list[str], workdir: Path
     """callgrind's instruction counts of simulate() and of the workload-only baseline."""
     counts = {}
     for kind, script in (("simulate", _RUN), ("baseline", _WORKLOAD_ONLY)):
+        # The simulate run writes nothing ("-"): ir.sh's engine count.
+        args = [str(scenario), "-", *overrides] if kind == "simulate" else [str(scenario), *overrides]
         cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null",
-               sys.executable, "-c", script, str(scenario), *overrides]
+               sys.executable, "-c", script, *args]
         run_child(cmd, workdir, label=f"{label}-ir-{kind}", env=_env(root, fixed_hash=True), cwd=workdir)
         text = (workdir / f"{label}-ir-{kind}.log").read_text()
         found = re.findall(r"Collected\s*:\s*(\d+)", text)
@@ -200,11 +213,14 @@ def render_compare(a_name: str, b_name: str, workload: str, runs: dict, ir: dict
            "| metric | A median | A min | B median | B min | A / B (median of the pairs) |",
            "|---|---|---|---|---|---|"]
     for key, label in (("sim_cpu_s", "CPU time in simulate() (s)"), ("sim_s", "wall time in simulate() (s)"),
+                       ("write_cpu_s", "CPU time writing the files of `kvsim run --out` (s)"),
                        ("process_cpu_s", "whole process CPU time (s)"),
                        ("process_wall_s", "whole process wall time (s)"),
                        ("peak_rss_mib", "peak RSS (MiB)")):
         a = [r[key] for r in runs["A"]]
         b = [r[key] for r in runs["B"]]
+        if not any(b):
+            continue
         ratio = statistics.median(x / y for x, y in zip(a, b) if y)
         out.append(f"| {label} | {statistics.median(a):.3f} | {min(a):.3f} | {statistics.median(b):.3f} | "
                    f"{min(b):.3f} | {ratio:.3f} |")
@@ -213,11 +229,14 @@ def render_compare(a_name: str, b_name: str, workload: str, runs: dict, ir: dict
     if ir is not None:
         out += [f"Instructions (callgrind, {ir_requests:,} requests; simulate() run minus a run that "
                 "only imports, loads and builds the workload):", "",
-                "| | simulate run | baseline | engine (difference) |", "|---|---|---|---|"]
+                "| | simulate run (imports, load, simulate) | baseline (imports, load, workload) | "
+                "engine (difference) |", "|---|---|---|---|"]
         for side in ("A", "B"):
             c = ir[side]
             out.append(f"| {side} | {c['simulate'] / 1e9:.3f} G | {c['baseline'] / 1e9:.3f} G | "
                        f"{c['engine'] / 1e9:.3f} G |")
+        out.append("| A / B | " + " | ".join(f"{ir['A'][k] / ir['B'][k]:.3f}"
+                                            for k in ("simulate", "baseline", "engine")) + " |")
         out += ["", f"A / B, engine instructions: {ir['A']['engine'] / ir['B']['engine']:.3f}", ""]
     elif not valgrind:
         out += ["Instructions: valgrind is not installed here; CPU times only.", ""]
