@@ -25,7 +25,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
