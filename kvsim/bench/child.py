@@ -1,16 +1,157 @@
-"""What runs inside the benchmark's child processes (``python -m kvsim.bench _child | _profile``).
+"""What runs inside the benchmark's child processes (``python -m kvsim.bench _child | _attribute | _profile``).
 
-Nothing here patches the library: the child does what ``kvsim run`` does
-(load, simulate, write the three tables, format the summary) and reads how
-the run was simulated from ``Result.stats``.
+Nothing here patches the library. ``_child`` does the work of ``kvsim run
+SCENARIO --out DIR`` (import, load, simulate, write the five files, format
+the summary) and stamps the monotonic clock between the phases, so the
+parent can break the whole process down: interpreter start (parent's stamp
+before the fork to the child's first line), imports, loading, simulate(),
+each file, the summary, and the exit. The files are written one at a time
+with the functions ``Result.write`` and ``write_vllm_outputs`` use, so each
+has its own time; ``tests/test_bench.py`` checks they are byte for byte the
+files ``kvsim run --out`` writes. How the run was simulated (steps, decode
+runs, arrivals) comes from ``Result.stats``.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
-from pathlib import Path
+
+_CLOCK = time.CLOCK_MONOTONIC           # one clock for every process of the machine
+
+
+def now() -> float:
+    return time.clock_gettime(_CLOCK)
+
+
+_T0 = now()                             # before this module's other imports
+
+import json                             # noqa: E402  (the stamp above comes first)
+import os                               # noqa: E402
+import sys                              # noqa: E402
+from pathlib import Path                # noqa: E402
+
+
+def run_child(argv: list[str]) -> int:
+    """``_child RECORD.json fast|step SCENARIO --out DIR [--set KEY=VALUE ...]``.
+
+    Writes RECORD.json: the phase stamps, the times of simulate() (wall and
+    CPU), the counts of ``Result.stats`` and the summary.
+    """
+    stamps = [("start", _T0)]
+
+    def stamp(name: str) -> None:
+        stamps.append((name, now()))
+
+    record_file, path, scenario, *rest = argv
+    out_dir, overrides = _run_arguments(rest)
+    # What `kvsim run` imports before it starts (kvsim/cli.py, kvsim/scenario/cli.py).
+    import kvsim.cli  # noqa: F401
+    import kvsim.scenario.cli  # noqa: F401
+    import kvsim.scenario.run_progress  # noqa: F401
+    from kvsim.metrics.summary import format_summary
+    from kvsim.scenario.loader import load_scenario
+    from kvsim.scenario.outputs import check_output_dir
+    from kvsim.scenario.simulate import RUN_FILES, simulate
+    from kvsim.vllm_outputs import VLLM_FILES
+    stamp("imports")
+    sc = load_scenario(scenario, overrides=overrides)
+    check_output_dir(out_dir, files=RUN_FILES + VLLM_FILES)
+    stamp("load scenario")
+    c0 = time.process_time()
+    result = simulate(sc, fast_path=path == "fast")
+    sim_cpu_s = time.process_time() - c0
+    stamp("simulate()")
+    for name, write in file_writers(result, Path(out_dir)):
+        write()
+        stamp(f"write {name}")
+    with open(os.devnull, "w") as quiet:           # what `kvsim run` prints, to nowhere
+        print(format_summary(result.summary), file=quiet)
+    stamp("format the summary")
+    s, stats = result.summary, result.stats
+    Path(record_file).write_text(json.dumps({
+        "stamps": stamps, "sim_cpu_s": sim_cpu_s,
+        "num_requests": int(s["completed"]) + int(s["failed"]),
+        "num_steps": stats.num_steps, "num_fast_steps": stats.num_run_steps,
+        "num_runs": stats.num_runs, "num_arrived": stats.num_arrived,
+        "streaming": sc.scenario.metrics.streaming,
+        "summary": s}, default=float))
+    return 0
+
+
+def file_writers(result, out: Path) -> list[tuple[str, object]]:
+    """One callable per file ``kvsim run --out`` writes, in its order, each atomic.
+
+    The same functions as ``Result.write`` (summary.json, requests.csv,
+    steps.csv) and ``write_vllm_outputs`` (metrics.csv, bench_serve.json; not
+    with streaming metrics, which keep no tables), one file per call.
+    """
+    from kvsim.metrics.tables import write_csv
+    from kvsim.scenario.outputs import summary_json, write_files
+
+    def one(target: Path, write) -> object:
+        return lambda: write_files({target: write})
+
+    summary = result.summary
+    writers = [
+        ("summary.json", one(out / "summary.json",
+                             lambda p: p.write_text(summary_json(summary), encoding="utf-8"))),
+        ("requests.csv", one(out / "requests.csv", lambda p: write_csv(result.requests, p))),
+        ("steps.csv", one(out / "steps.csv", lambda p: write_csv(result.steps, p))),
+    ]
+    sc = result.scenario
+    if sc is not None and not sc.scenario.metrics.streaming:
+        from kvsim.metrics.bench_json import bench_serve_result
+        from kvsim.metrics.prometheus import prometheus_series
+        from kvsim.vllm_outputs import BENCH_FILE, METRICS_FILE, bench_setup
+
+        def metrics(p: Path) -> None:
+            series = prometheus_series(result.requests, result.steps,
+                                       max_model_len=sc.sched_config.max_model_len,
+                                       enable_prefix_caching=sc.sched_config.enable_prefix_caching,
+                                       interval_s=1.0)
+            write_csv(series, p)
+
+        def bench(p: Path) -> None:
+            data, _ = bench_serve_result(result.summary, result.requests, result.steps, result.itl_s,
+                                         setup=bench_setup(sc, len(result.requests)),
+                                         slo=sc.scenario.slo.as_dict() or None, detailed=False)
+            p.write_text(json.dumps(data) + "\n", encoding="utf-8")
+
+        writers += [(METRICS_FILE, one(out / METRICS_FILE, metrics)),
+                    (BENCH_FILE, one(out / BENCH_FILE, bench))]
+    return writers
+
+
+def attribute_child(argv: list[str]) -> int:
+    """``_attribute OUT.json SCENARIO [--set KEY=VALUE ...]``: cProfile over the run, by component.
+
+    The work of ``_child`` after the imports (load, simulate, write every file,
+    format the summary) under ``cProfile``; ``kvsim.bench.attribution`` groups
+    the functions' own times by component.
+    """
+    import cProfile
+
+    from kvsim.bench.attribution import attribute
+    from kvsim.metrics.summary import format_summary
+    from kvsim.scenario.loader import load_scenario
+    from kvsim.scenario.simulate import simulate
+
+    out, scenario, *rest = argv
+    overrides = [rest[i + 1] for i in range(0, len(rest), 2) if rest[i] == "--set"]
+    import tempfile
+    with tempfile.TemporaryDirectory(prefix="kvsim-attr-") as tmp:
+        profiler = cProfile.Profile()
+        t0 = time.perf_counter()
+        profiler.enable()
+        sc = load_scenario(scenario, overrides=overrides)
+        result = simulate(sc)
+        for _, write in file_writers(result, Path(tmp)):
+            write()
+        format_summary(result.summary)
+        profiler.disable()
+        profiled_s = time.perf_counter() - t0
+    Path(out).write_text(json.dumps({"profiled_s": profiled_s, **attribute(profiler)}))
+    return 0
 
 
 def profile_child(argv: list[str]) -> int:
@@ -56,37 +197,6 @@ def _self_times(root) -> dict[str, float]:
     return acc
 
 
-def run_child(argv: list[str]) -> int:
-    """``_child RECORD.json fast|step SCENARIO --out DIR [--set KEY=VALUE ...]``.
-
-    The work of ``kvsim run SCENARIO --out DIR`` (load the scenario, simulate,
-    write summary.json, requests.csv, steps.csv, format the summary), with the
-    call to ``simulate`` timed; ``fast|step`` runs it with the skip-ahead on
-    or off. Writes RECORD.json: the times, the step counts of
-    ``Result.stats``, the request count and the summary.
-    """
-    from kvsim.metrics.summary import format_summary
-    from kvsim.scenario.loader import load_scenario
-    from kvsim.scenario.simulate import simulate
-
-    record_file, path, scenario, *rest = argv
-    out_dir, overrides = _run_arguments(rest)
-    sc = load_scenario(scenario, overrides=overrides)
-    t0, c0 = time.perf_counter(), time.process_time()
-    result = simulate(sc, fast_path=path == "fast")
-    sim_s, sim_cpu_s = time.perf_counter() - t0, time.process_time() - c0
-    result.write(out_dir)
-    with open(os.devnull, "w") as quiet:           # what `kvsim run` prints, to nowhere
-        print(format_summary(result.summary), file=quiet)
-    s, stats = result.summary, result.stats
-    Path(record_file).write_text(json.dumps({
-        "sim_s": sim_s, "sim_cpu_s": sim_cpu_s,
-        "num_requests": int(s["completed"]) + int(s["failed"]),
-        "num_steps": stats.num_steps, "num_fast_steps": stats.num_run_steps,
-        "summary": s}, default=float))
-    return 0
-
-
 def _run_arguments(rest: list[str]) -> tuple[str, list[str]]:
     """``--out DIR`` and the ``--set`` overrides of a child's command line."""
     out_dir, overrides, i = None, [], 0
@@ -102,3 +212,18 @@ def _run_arguments(rest: list[str]) -> tuple[str, list[str]]:
     if out_dir is None:
         raise SystemExit("kvsim bench child: --out DIR is required")
     return out_dir, overrides
+
+
+CHILDREN = {"_child": run_child, "_attribute": attribute_child, "_profile": profile_child}
+
+
+def main(argv: list[str]) -> int:
+    """``python -m kvsim.bench _child|_attribute|_profile ...``: run one, then exit at once.
+
+    As ``kvsim run`` does (``kvsim.cli.exit_without_cleanup``): everything is
+    written when the child returns, so the interpreter's teardown is skipped.
+    """
+    code = CHILDREN[argv[0]](argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -10,26 +10,32 @@ import time
 from pathlib import Path
 
 from kvsim.bench.measure import measure_workload, profile_w1
-from kvsim.bench.render import _fmt, git_commit, machine_info, render_report
-from kvsim.bench.workloads import DEFAULT_OUT, DEFAULT_SCENARIOS, TARGETS, WORKLOADS, judge
+from kvsim.bench.render import git_commit, machine_info, render_report
+from kvsim.bench.workloads import (DEFAULT_OUT, DEFAULT_SCENARIOS, DEFAULT_WORKLOADS, TARGETS, WORKLOADS,
+                                   judge, target_value)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bench", help="speed benchmarks: out/performance.md (reports/ with --update-reports)",
         description="Run the reference workloads of scenarios/bench/ (W1: Azure conversation 10k; "
-                    "W2: Mooncake 12k, 70B TP4; W3: 100-point sweep; W4: 1M synthetic, streaming), "
-                    "each in fresh processes, and write the timings, peak memory, the ratio to the "
-                    "step-by-step path and the targets to a Markdown report. See docs/bench.md.")
+                    "W2: Mooncake 12k, 70B TP4; W3: 100-point sweep; W4: 1M synthetic, streaming; "
+                    "W5: 10M synthetic, streaming, only when named; W6: W1 on the continuous "
+                    "scheduler), each in fresh processes, and write the timings, the time by phase "
+                    "and by component, peak memory, the ratio to the step-by-step path and the "
+                    "targets to a Markdown report. --compare REF instead alternates this tree and "
+                    "another version on one workload. See docs/bench.md.")
     _add_arguments(p)
     p.set_defaults(func=bench_command)
     return p
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("workloads", nargs="*", metavar="W", help="W1 W2 W3 W4 (default: all)")
-    p.add_argument("--reps", type=int, default=3, metavar="N",
-                   help="repetitions of W1 (default 3; see --heavy-reps for the others)")
+    p.add_argument("workloads", nargs="*", metavar="W",
+                   help=f"{' '.join(WORKLOADS)} (default: {' '.join(DEFAULT_WORKLOADS)}; with --compare: W1)")
+    p.add_argument("--reps", type=int, default=None, metavar="N",
+                   help="repetitions of W1 and W6 (default 3; see --heavy-reps for the others); "
+                        "with --compare: pairs of runs (default 5)")
     p.add_argument("--heavy-reps", type=int, default=1, metavar="N",
                    help="repetitions of the workloads that take minutes each (W2, W3, W4; default 1)")
     p.add_argument("--quick", action="store_true",
@@ -37,6 +43,16 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                         "instead of the whole workload")
     p.add_argument("--no-ratio", action="store_true", help="skip the step-by-step path ratio")
     p.add_argument("--profile", action="store_true", help="profile W1's simulation with pyinstrument")
+    p.add_argument("--no-attribution", action="store_true",
+                   help="skip the cProfile run that splits each workload's time by component")
+    p.add_argument("--compare", metavar="REF", default=None,
+                   help="A/B: alternate runs of this tree and REF (a git commit or a worktree "
+                        "path) on one workload; CPU times, and instruction counts where valgrind "
+                        "exists (docs/bench.md)")
+    p.add_argument("--ir-requests", type=int, default=2000, metavar="N",
+                   help="with --compare: requests of the callgrind runs (default 2000, W1's first)")
+    p.add_argument("--no-instructions", action="store_true",
+                   help="with --compare: CPU times only, no callgrind runs")
     p.add_argument("--requests", type=int, default=None, metavar="N",
                    help="cut every workload to its first N requests (smoke tests; targets then do not apply)")
     p.add_argument("--workers", type=int, default=None, metavar="N",
@@ -47,14 +63,19 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--update-reports", action="store_true",
                    help="rewrite the tracked reports/performance.md of the repository")
     p.add_argument("--scenarios", default=str(DEFAULT_SCENARIOS), metavar="DIR",
-                   help="folder of the workload scenarios w1.yaml .. w4.yaml (default "
+                   help="folder of the workload scenarios w1.yaml .. w6.yaml (default "
                         "scenarios/bench, i.e. run from the repository root)")
 
 
 def bench_command(args: argparse.Namespace, *, log=print) -> int:
+    if getattr(args, "compare", None):
+        from kvsim.bench.compare import compare_command
+        return compare_command(args, log=log)
+    if args.reps is None:
+        args.reps = 3
     if args.out is None:     # the tracked report only on request: a plain run leaves the tree clean
         args.out = str(DEFAULT_OUT if args.update_reports else Path("out") / "performance.md")
-    names = [n.upper() for n in args.workloads] or list(WORKLOADS)
+    names = [n.upper() for n in args.workloads] or list(DEFAULT_WORKLOADS)
     unknown = [n for n in names if n not in WORKLOADS]
     if unknown:
         raise ValueError(f"workload {unknown[0]!r}: not a bench workload; allowed: {', '.join(WORKLOADS)}")
@@ -83,7 +104,8 @@ def bench_command(args: argparse.Namespace, *, log=print) -> int:
             measurements.append(measure_workload(
                 WORKLOADS[name], workdir, reps=args.heavy_reps if WORKLOADS[name].heavy else args.reps,
                 quick=args.quick, requests=args.requests,
-                workers=workers, ratio=not args.no_ratio, scenarios=scenarios.resolve(), log=log))
+                workers=workers, ratio=not args.no_ratio, scenarios=scenarios.resolve(),
+                attribution=not getattr(args, "no_attribution", False), log=log))
         profile = (profile_w1(workdir, requests=args.requests, scenarios=scenarios.resolve())
                    if args.profile else None)
     text = render_report(measurements, machine=machine, load_end=os.getloadavg(), command=command,
@@ -92,11 +114,13 @@ def bench_command(args: argparse.Namespace, *, log=print) -> int:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
+    by_name = {m.workload.name: m for m in measurements}
     for t in TARGETS:
-        m = next((m for m in measurements if m.workload.name == t.workload), None)
-        if m is not None:
-            log(f"{t.workload} {t.text}: {_fmt(t.metric, m.median(t.metric))} {t.unit} -> "
-                f"{'n/a (scaled)' if args.requests else judge(m.median(t.metric), t.limit)}")
+        if t.workload in by_name:
+            value = target_value(t, by_name)
+            shown = "—" if value is None else f"{value:.3g}"
+            log(f"{t.workload} {t.text}: {shown} {t.unit} -> "
+                f"{'n/a (scaled)' if args.requests else judge(value, t.limit)}")
     log(f"wrote {out}")
     return 0
 
@@ -107,8 +131,8 @@ def _argv_text(args: argparse.Namespace) -> list[str]:
         parts += ["--reps", str(args.reps)]
     if args.heavy_reps != 1:
         parts += ["--heavy-reps", str(args.heavy_reps)]
-    for flag in ("quick", "no_ratio", "profile"):
-        if getattr(args, flag):
+    for flag in ("quick", "no_ratio", "profile", "no_attribution"):
+        if getattr(args, flag, False):
             parts.append("--" + flag.replace("_", "-"))
     if args.requests is not None:
         parts += ["--requests", str(args.requests)]
@@ -126,8 +150,8 @@ def _argv_text(args: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("_child", "_profile"):
-        from kvsim.bench.child import profile_child, run_child
-        return (run_child if argv[0] == "_child" else profile_child)(argv[1:])
+    if argv and argv[0] in ("_child", "_attribute", "_profile"):
+        from kvsim.bench.child import CHILDREN
+        return CHILDREN[argv[0]](argv[1:])
     from kvsim.cli import main as cli_main
     return cli_main(["bench", *argv])

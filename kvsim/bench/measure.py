@@ -1,10 +1,16 @@
 """Measuring one workload: each run in a fresh child process, timed from outside and inside.
 
 * a ``run`` workload runs the child runner ``python -m kvsim.bench _child ...``
-  (``child.py``: what ``kvsim run SCENARIO --out TMP`` does, with the call to
-  ``simulate`` timed and the engine steps read from ``Result.stats``); this
-  process times the whole child and takes its peak RSS from ``os.wait4`` (the
-  child's own ``ru_maxrss``, not the maximum over every child so far);
+  (``child.py``: what ``kvsim run SCENARIO --out TMP`` does, with its phases
+  stamped and the engine's counts read from ``Result.stats``); this process
+  stamps the same clock before the fork and after the child ends, so the
+  whole process splits into interpreter start, imports, loading, simulate(),
+  each file, the summary and the exit; it takes the child's peak RSS from
+  ``os.wait4`` (the child's own ``ru_maxrss``, not the maximum over every
+  child so far);
+* once per ``run`` workload, a small cut of it under ``python -X importtime``
+  splits the imports by package (``imports.py``), and a cProfile run splits
+  the time by component (``attribution.py``);
 * a ``sweep`` workload (W3) runs ``kvsim sweep SCENARIO --out TMP --workers N``
   and is judged on its whole wall time;
 * the ratio to the step-by-step reference path runs the same scenario with
@@ -19,11 +25,13 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvsim.bench.child import now
+from kvsim.bench.imports import import_time_by_owner
 from kvsim.bench.workloads import WORKLOADS, Workload
+
 
 @dataclass
 class Measurement:
@@ -33,6 +41,8 @@ class Measurement:
     reps: list[dict] = field(default_factory=list)
     ratio: dict | None = None        # {"requests", "fast_sim_s", "step_sim_s", "same_summary", "prefix"}
     note: str = ""
+    imports: dict | None = None      # owner -> seconds of import time (-X importtime of a small cut)
+    attribution: dict | None = None  # attribution.attribute() of one cProfile run, + "requests"
 
     def values(self, metric: str) -> list[float]:
         return [r[metric] for r in self.reps if r.get(metric) is not None]
@@ -46,17 +56,25 @@ def _cli_prefix() -> list[str]:
     return [sys.executable, "-m"]
 
 
-def run_child(cmd: list[str], workdir: Path, *, label: str) -> tuple[float, float, float]:
-    """Run ``cmd`` in a fresh process; its wall time (s), CPU time (s) and peak RSS (MiB)."""
+def run_child(cmd: list[str], workdir: Path, *, label: str, stamps: list | None = None,
+              env: dict | None = None, cwd: Path | None = None) -> tuple[float, float, float]:
+    """Run ``cmd`` in a fresh process; its wall time (s), CPU time (s) and peak RSS (MiB).
+
+    ``stamps``, if given, receives the monotonic clock before the fork and
+    after the end (the clock of ``child.now``).
+    """
     log_path = workdir / f"{label}.log"
     with open(log_path, "w") as log:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        t0 = now()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         # wait4 gives this child's own resource usage (its ru_maxrss covers the
         # children it waited for, e.g. sweep workers), unlike RUSAGE_CHILDREN,
         # which is the maximum over every child this process ever had.
         _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - t0
+        t1 = now()
+        wall = t1 - t0
+    if stamps is not None:
+        stamps[:] = [t0, t1]
     proc.returncode = os.waitstatus_to_exitcode(status)
     text = log_path.read_text()
     if proc.returncode != 0:
@@ -77,19 +95,45 @@ def measure_run(w: Workload, workdir: Path, *, path: str, requests: int | None, 
     out_dir = workdir / f"{label}-out"
     cmd = [*_cli_prefix(), "kvsim.bench", "_child", str(record_file), path,
            str(scenarios / w.scenario), "--out", str(out_dir), *size_overrides(w, requests)]
-    wall, cpu, rss_mib = run_child(cmd, workdir, label=label)
+    outside: list[float] = []
+    wall, cpu, rss_mib = run_child(cmd, workdir, label=label, stamps=outside)
     rec = json.loads(record_file.read_text())
-    sim_s = rec["sim_s"]
+    phases = process_phases(outside[0], rec["stamps"], outside[1])
+    sim_s = dict(phases)["simulate()"]
+    n_steps = rec["num_steps"]
+    events = num_events(rec)
+    duration = rec["summary"].get("duration")
+    simulated = duration if isinstance(duration, (int, float)) and math.isfinite(duration) else None
     return {
         "sim_s": sim_s, "sim_cpu_s": rec["sim_cpu_s"], "process_wall_s": wall, "process_cpu_s": cpu,
         "peak_rss_mib": rss_mib,
-        "num_requests": rec["num_requests"], "num_steps": rec["num_steps"],
+        "num_requests": rec["num_requests"], "num_steps": n_steps, "num_events": events,
         "requests_per_s": rec["num_requests"] / sim_s if sim_s > 0 else None,
-        "steps_per_s": rec["num_steps"] / sim_s if sim_s > 0 else None,
-        "us_per_step": 1e6 * sim_s / rec["num_steps"] if rec["num_steps"] else None,
-        "fast_step_share": 100.0 * rec["num_fast_steps"] / rec["num_steps"] if rec["num_steps"] else None,
-        "summary": rec["summary"],
+        "steps_per_s": n_steps / sim_s if sim_s > 0 else None,
+        "us_per_step": 1e6 * sim_s / n_steps if n_steps else None,
+        "us_per_event": 1e6 * sim_s / events if events else None,
+        "x_real_time": simulated / sim_s if simulated is not None and sim_s > 0 else None,
+        "fast_step_share": 100.0 * rec["num_fast_steps"] / n_steps if n_steps else None,
+        "phases": phases, "summary": rec["summary"],
     }
+
+
+def num_events(rec: dict) -> int:
+    """Arrivals + finishes (completed or failed) + single steps + decode runs (docs/bench.md)."""
+    single = rec["num_steps"] - rec["num_fast_steps"]
+    return rec["num_arrived"] + rec["num_requests"] + single + rec["num_runs"]
+
+
+def process_phases(before: float, stamps: list, after: float) -> list[tuple[str, float]]:
+    """The whole process as consecutive phases: the child's stamps between the parent's two.
+
+    The first phase runs from the fork to the child's first line (interpreter
+    start); the last from the child's last stamp to its end as this process
+    saw it (the record, the exit).
+    """
+    names = ["interpreter start", *(name for name, _ in stamps[1:]), "exit"]
+    times = [before, *(t for _, t in stamps), after]
+    return [(name, b - a) for name, a, b in zip(names, times, times[1:])]
 
 
 def measure_sweep(w: Workload, workdir: Path, *, workers: int, requests: int | None, label: str,
@@ -126,8 +170,35 @@ def same_summary(a: dict, b: dict) -> bool:
     return True
 
 
+def measure_imports(w: Workload, workdir: Path, *, scenarios: Path, requests: int = 20) -> dict:
+    """Import time by package: ``w`` cut to ``requests`` requests under ``python -X importtime``.
+
+    A separate small run, so the timed repetitions carry no logging; the
+    imports do not depend on the size (what a bigger run imports late, a
+    small one imports too).
+    """
+    label = f"{w.name}-imports"
+    cmd = [sys.executable, "-X", "importtime", "-m", "kvsim.bench", "_child", str(workdir / f"{label}.json"),
+           "fast", str(scenarios / w.scenario), "--out", str(workdir / f"{label}-out"),
+           *size_overrides(w, requests)]
+    run_child(cmd, workdir, label=label)
+    return import_time_by_owner((workdir / f"{label}.log").read_text(), after="kvsim.bench.child")
+
+
+def measure_attribution(w: Workload, workdir: Path, *, scenarios: Path, requests: int | None) -> dict:
+    """cProfile over one run of ``w`` in a child (``child.attribute_child``), grouped by component."""
+    label = f"{w.name}-attribution"
+    out = workdir / f"{label}.json"
+    cut = requests if requests is not None else w.attribution_requests
+    cmd = [*_cli_prefix(), "kvsim.bench", "_attribute", str(out), str(scenarios / w.scenario),
+           *size_overrides(w, cut)]
+    run_child(cmd, workdir, label=label)
+    return {**json.loads(out.read_text()), "requests": cut}
+
+
 def measure_workload(w: Workload, workdir: Path, *, reps: int, quick: bool, requests: int | None,
-                     workers: int, ratio: bool, scenarios: Path, log=print) -> Measurement:
+                     workers: int, ratio: bool, scenarios: Path, attribution: bool = True,
+                     log=print) -> Measurement:
     m = Measurement(w)
     for i in range(reps):
         if w.kind == "sweep":
@@ -138,7 +209,8 @@ def measure_workload(w: Workload, workdir: Path, *, reps: int, quick: bool, requ
         else:
             rec = measure_run(w, workdir, path="fast", requests=requests, label=f"{w.name}-rep{i}",
                               scenarios=scenarios)
-            log(f"  {w.name} rep {i + 1}/{reps}: simulate {rec['sim_s']:.3f} s, process "
+            log(f"  {w.name} rep {i + 1}/{reps}: simulate {rec['sim_s']:.3f} s "
+                f"({rec['sim_cpu_s']:.3f} s CPU, {rec['us_per_event']:.1f} us/event), process "
                 f"{rec['process_wall_s']:.2f} s, {rec['num_steps']:,} steps, peak {rec['peak_rss_mib']:.0f} MiB")
         m.reps.append(rec)
     if ratio and w.kind == "run" and w.ratio_requests is not None:
@@ -162,6 +234,14 @@ def measure_workload(w: Workload, workdir: Path, *, reps: int, quick: bool, requ
         log(f"  {w.name} step path: {step['sim_cpu_s']:.2f} s CPU vs fast {fast_cpu:.3f} s "
             f"({step['sim_cpu_s'] / fast_cpu:.1f}x) on {step['num_requests']:,} requests; "
             f"same summary: {m.ratio['same_summary']}")
+    if w.kind == "run":
+        m.imports = measure_imports(w, workdir, scenarios=scenarios)
+        if attribution:
+            m.attribution = measure_attribution(w, workdir, scenarios=scenarios, requests=requests)
+            shares = m.attribution["components"]
+            total = m.attribution["total_s"] or 1.0
+            log(f"  {w.name} cProfile ({m.attribution['profiled_s']:.2f} s profiled): " + ", ".join(
+                f"{name} {100 * t / total:.0f}%" for name, t in shares.items() if t / total >= 0.01))
     return m
 
 

@@ -9,7 +9,8 @@ import subprocess
 from pathlib import Path
 
 from kvsim.bench.measure import Measurement
-from kvsim.bench.workloads import METRICS, PEER_EVENT_LOOP_S, PEER_WALL_S, REPORT_COLUMNS, TARGETS, judge
+from kvsim.bench.workloads import (METRICS, PEER_EVENT_LOOP_S, PEER_WALL_S, REPORT_COLUMNS, TARGETS, judge,
+                                   target_value)
 
 def machine_info() -> dict:
     import numpy
@@ -51,14 +52,16 @@ def workload_table(m: Measurement, *, scaled: bool) -> list[str]:
     order = (["process_wall_s", "process_cpu_s", "cpu_per_worker_s", "points_sim_s_sum", "num_requests", "requests_per_s",
               "peak_rss_mib"]
              if w.kind == "sweep" else
-             ["sim_s", "sim_cpu_s", "process_wall_s", "process_cpu_s", "num_requests", "requests_per_s", "num_steps", "steps_per_s",
-              "us_per_step", "fast_step_share", "peak_rss_mib"])
+             ["sim_s", "sim_cpu_s", "process_wall_s", "process_cpu_s", "num_requests", "requests_per_s",
+              "x_real_time", "num_events", "us_per_event", "num_steps", "steps_per_s", "us_per_step",
+              "fast_step_share", "peak_rss_mib"])
     for metric in order:
         vals = m.values(metric)
         if not vals:
             continue
         label, unit, _ = METRICS[metric]
-        target = next((t for t in TARGETS if t.workload == w.name and t.metric == metric), None)
+        target = next((t for t in TARGETS if t.workload == w.name and t.metric == metric
+                       and t.relative_to is None), None)
         if target is None:
             tcell, met = "—", "—"
         else:
@@ -80,6 +83,58 @@ def workload_table(m: Measurement, *, scaled: bool) -> list[str]:
         lines.append(f"| same summary from both paths | {'yes' if r['same_summary'] else 'NO'} | — | — | "
                      f"identical | {'met' if r['same_summary'] else 'NOT met'} |")
     return lines
+
+
+def phases_table(m: Measurement) -> list[str]:
+    """The whole process, phase by phase (median of the repetitions)."""
+    reps = [r["phases"] for r in m.reps if r.get("phases")]
+    if not reps:
+        return []
+    names = [name for name, _ in reps[0]]
+    medians = [statistics.median(dict(p)[name] for p in reps) for name in names]
+    total = sum(medians) or 1.0
+    lines = ["Whole process by phase (median of the repetitions; the child stamps one monotonic "
+             "clock between phases, the parent before the fork and after the end):", "",
+             "| phase | wall time (s) | share |", "|---|---|---|"]
+    lines += [f"| {name} | {t:.3f} | {100 * t / total:.1f}% |" for name, t in zip(names, medians)]
+    lines += [f"| whole process | {total:.3f} | 100% |", ""]
+    return lines
+
+
+def imports_table(m: Measurement) -> list[str]:
+    if not m.imports:
+        return []
+    total = sum(m.imports.values()) or 1.0
+    lines = ["Imports by package (`python -X importtime` of a 20-request cut: each module's own "
+             "time, charged to the third-party package that pulled it in, else to kvsim or the "
+             "standard library; matplotlib is listed only if the run imports it):", "",
+             "| package | import time (s) | share of imports |", "|---|---|---|"]
+    lines += [f"| {name} | {t:.3f} | {100 * t / total:.1f}% |" for name, t in m.imports.items()
+              if t >= 0.001]
+    lines += [f"| all imports | {total:.3f} | 100% |", ""]
+    if "matplotlib" not in m.imports:
+        lines += ["(matplotlib is not imported by this run.)", ""]
+    return lines
+
+
+def attribution_table(m: Measurement) -> list[str]:
+    a = m.attribution
+    if not a:
+        return []
+    total = a["total_s"] or 1.0
+    cut = f"the first {a['requests']:,} requests" if a.get("requests") else "the whole workload"
+    lines = [f"Time by component (cProfile, deterministic: every call counted; {cut}, loading, "
+             f"simulate(), every file and the summary; {a['profiled_s']:.2f} s under the profiler, "
+             "which adds about a microsecond a call, so many-call components read high; functions "
+             "outside kvsim are charged to their kvsim callers; see docs/bench.md):", "",
+             "| component | profiled time (s) | share |", "|---|---|---|"]
+    lines += [f"| {name} | {t:.3f} | {100 * t / total:.1f}% |" for name, t in a["components"].items()
+              if t >= 0.0005]
+    lines += ["", "Most time charged, by kvsim function (own time plus the non-kvsim calls it makes):", "",
+              "| function | component | calls | profiled time (s) |", "|---|---|---|---|"]
+    lines += [f"| `{f['function']}` | {f['component']} | {f['calls']:,} | {f['seconds']:.3f} |"
+              for f in a["top"][:10]]
+    return lines + [""]
 
 
 def render_report(measurements: list[Measurement], *, machine: dict, load_end: tuple, command: str,
@@ -108,21 +163,35 @@ def render_report(measurements: list[Measurement], *, machine: dict, load_end: t
                 f"{load1:.2f} at the start, {load_end[0]:.2f} at the end, on {cores} cores) means "
                 "other processes competed for the CPU, so these times are **pessimistic** (an idle "
                 "machine gives shorter ones).", ""]
-    out += [f"Repetitions: {reps} of W1, {heavy_reps} of each of W2, W3, W4 (they take minutes "
-            "each); tables give the median, min and max; every run is a fresh process. "
+    light = [m.workload.name for m in measurements if not m.workload.heavy] or ["W1"]
+    heavy = [m.workload.name for m in measurements if m.workload.heavy]
+    out += [f"Repetitions: {reps} of {', '.join(light)}"
+            + (f", {heavy_reps} of {', '.join(heavy)} (they take minutes each)" if heavy else "")
+            + "; tables give the median, min and max; every run is a fresh process. "
             "Time inside simulate() is the simulation alone (scenario loaded, no output writing); "
             "the whole-process wall time includes interpreter start, imports, loading the trace and "
-            "writing summary.json, requests.csv and steps.csv (`kvsim run --out`). Peak memory is "
-            "the process's maximum RSS (`os.wait4`).", ""]
+            "writing summary.json, requests.csv, steps.csv, metrics.csv and bench_serve.json "
+            "(`kvsim run --out`; streaming runs write the first three). Peak memory is "
+            "the process's maximum RSS (`os.wait4`). Events are arrivals + finishes + single "
+            "steps + decode runs (docs/bench.md).", ""]
 
     # Targets first: what the issue asks.
     out += ["## Targets", "", "| workload | target | measured (median) | met |", "|---|---|---|---|"]
     by_name = {m.workload.name: m for m in measurements}
     for t in TARGETS:
         m = by_name.get(t.workload)
-        value = m.median(t.metric) if m else None
-        cell = "not run" if m is None else f"{_fmt(t.metric, value)} {t.unit}"
-        met = "not run" if m is None else ("n/a (scaled-down run)" if scaled else judge(value, t.limit))
+        value = target_value(t, by_name)
+        if t.relative_to is None:
+            cell = f"{_fmt(t.metric, value)} {t.unit}"
+        elif value is None:
+            cell = f"— ({t.relative_to} not run)"
+        else:
+            cell = (f"{value:.2f}x ({_fmt(t.metric, m.median(t.metric))} s / "
+                    f"{_fmt(t.metric, by_name[t.relative_to].median(t.metric))} s)")
+        if m is None:
+            cell = met = "not run"
+        else:
+            met = "n/a (scaled-down run)" if scaled else judge(value, t.limit)
         out.append(f"| {t.workload} | {t.text} | {cell} | {met} |")
     for m in measurements:
         if m.ratio is not None:
@@ -148,6 +217,7 @@ def render_report(measurements: list[Measurement], *, machine: dict, load_end: t
             out += [f"The step-path ratio uses the first {m.ratio['prefix']:,} requests ({why}); both "
                     "paths run that same prefix in fresh processes.", ""]
         out += workload_table(m, scaled=scaled) + [""]
+        out += phases_table(m) + imports_table(m) + attribution_table(m)
 
     w1 = by_name.get("W1")
     if w1 and w1.reps:
@@ -166,7 +236,12 @@ def render_report(measurements: list[Measurement], *, machine: dict, load_end: t
                 f"| whole process | {PEER_WALL_S:.0f} s | {w1.median('process_wall_s'):.2f} s | "
                 f"{PEER_WALL_S / w1.median('process_wall_s'):.1f}x |",
                 f"| per engine step | 60-75 us | {1e6 * sim / steps:.1f} us | "
-                f"{60 / (1e6 * sim / steps):.1f}-{75 / (1e6 * sim / steps):.1f}x |", ""]
+                f"{60 / (1e6 * sim / steps):.1f}-{75 / (1e6 * sim / steps):.1f}x |"]
+        per_event = w1.median("us_per_event")
+        if per_event:
+            out.append(f"| per event (the peer steps every iteration: its events are its steps) | "
+                       f"60-75 us | {per_event:.1f} us | {60 / per_event:.1f}-{75 / per_event:.1f}x |")
+        out.append("")
         if scaled:
             out += ["(Scaled-down run: the peer figures are for 10,000 requests, so this comparison "
                     "is not meaningful here.)", ""]

@@ -29,24 +29,40 @@ def write_csv(table, path: str | Path) -> None:
     names = list(table.keys())
     if not names:
         raise ValueError(f"write_csv: no columns to write to {path}")
-    texts = [column_text(table[name]) for name in names]
-    num_rows = len(texts[0])
-    if any(len(t) != num_rows for t in texts):
+    arrays = [np.asarray(table[name]) for name in names]
+    num_rows = len(arrays[0])
+    if any(len(a) != num_rows for a in arrays):
         raise ValueError(f"write_csv: columns of different lengths in {path}")
     header = [_quote(str(name)) for name in names]
-    if len(texts) == 1:
+    if len(arrays) == 1:
         # csv writes a row of one empty field as "" (an empty line would be no row)
         header = [h or '""' for h in header]
-        texts = [[t or '""' for t in texts[0]]]
-    # One join over [field, ",", field, ..., field, "\n", ...] (faster than a join per row).
-    width = 2 * len(texts)
-    cells = [","] * (width * num_rows)
-    for k, column in enumerate(texts):
-        cells[2 * k::width] = column
-    cells[width - 1::width] = ["\n"] * num_rows
+        body = "".join(t + "\n" for t in [t or '""' for t in column_text(arrays[0])])
+    elif num_rows == 0:
+        body = ""
+    else:
+        body = _rows_text(arrays)
     with open(path, "w", encoding="utf-8", newline="") as f:
         f.write(",".join(header) + "\n")
-        f.write("".join(cells))
+        f.write(body)
+
+
+def _rows_text(arrays: list[np.ndarray]) -> str:
+    """Every row of two or more columns, each ended by a line break.
+
+    Two ways, the same text: most columns integers that rarely repeat (a wide
+    table of counters, metrics.csv) go to one ``%`` format per row, ``%d``
+    for them, which beats turning each into a string first; otherwise
+    (steps.csv: repeating integers and clocks) every column is made text and
+    each row joined.
+    """
+    direct = [a.dtype.kind in "iu" and not _few_distinct(a) for a in arrays]
+    if 2 * sum(direct) >= len(arrays):
+        columns = [a.tolist() if d else column_text(a) for a, d in zip(arrays, direct)]
+        line = ",".join("%d" if d else "%s" for d in direct) + "\n"
+        return "".join([line % row for row in zip(*columns)])
+    texts = [column_text(a) for a in arrays]
+    return "\n".join(map(",".join, zip(*texts))) + "\n"
 
 
 def column_text(values) -> list[str]:
@@ -62,12 +78,16 @@ def column_text(values) -> list[str]:
     return [_object_text(v) for v in array.tolist()]
 
 
+def _few_distinct(array: np.ndarray) -> bool:
+    """Integers within a range under half their number (a batch size, a flag): text by table."""
+    return bool(len(array)) and int(array.max()) - int(array.min()) < len(array) // 2
+
+
 def _integers_text(array: np.ndarray) -> list[str]:
-    if len(array):
-        low, high = int(array.min()), int(array.max())
-        if high - low < len(array) // 2:          # few distinct values: a counter, a batch size
-            table = np.array([str(v) for v in range(low, high + 1)], dtype=object)
-            return table[array - low].tolist()
+    if _few_distinct(array):
+        low = int(array.min())
+        table = np.array([str(v) for v in range(low, int(array.max()) + 1)], dtype=object)
+        return table[array - low].tolist()
     return list(map(str, array.tolist()))
 
 

@@ -77,12 +77,16 @@ def _run(args: argparse.Namespace) -> int:
     from kvsim.scenario.run_progress import terminal_progress
     from kvsim.scenario.schema import parse_overrides
     from kvsim.scenario.simulate import RUN_FILES, simulate
-    from kvsim.scenario.vllm_args import cli_overrides
     from kvsim.vllm_outputs import VLLM_FILES, write_vllm_outputs
 
     t0 = time.perf_counter()
-    overrides = cli_overrides(args.serve_args, args.bench_args, log=lambda line: print(line, file=sys.stderr),
-                              ignore_unsupported=args.ignore_unsupported)
+    overrides = []
+    if args.serve_args is not None or args.bench_args is not None:
+        # Only then: the flag tables cost ~40 ms of imports.
+        from kvsim.scenario.vllm_args import cli_overrides
+        overrides = cli_overrides(args.serve_args, args.bench_args,
+                                  log=lambda line: print(line, file=sys.stderr),
+                                  ignore_unsupported=args.ignore_unsupported)
     sc = load_scenario(args.scenario, overrides=overrides + parse_overrides(args.overrides))
     # Outputs are checked before the simulation, not found broken after it.
     if args.out:

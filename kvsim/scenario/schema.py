@@ -180,6 +180,10 @@ def parse_overrides(items: list[str] | None) -> list[tuple[str, Any]]:
 
 def _expand_vllm_args(data: dict) -> dict:
     """``engine.serve_args`` / ``workload.bench_args`` -> the keys they set (kvsim/scenario/vllm_args)."""
+    engine, workload = data.get("engine"), data.get("workload")
+    if not ((isinstance(engine, dict) and "serve_args" in engine)
+            or (isinstance(workload, dict) and "bench_args" in workload)):
+        return data           # nothing to expand: skip importing the flag tables (~40 ms)
     from kvsim.scenario.vllm_args import VllmArgsError, expand_scenario_args
     try:
         return expand_scenario_args(data)
