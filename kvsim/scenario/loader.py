@@ -157,7 +157,7 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
         scheduler_reserve_full_isl=eng.scheduler_reserve_full_isl, watermark=watermark,
         preemption_mode=eng.preemption_mode or "recompute",
         num_cpu_blocks=int(eng.swap_space * GIB) // block_bytes,
-        swap_block_bytes=block_bytes, debug=eng.debug)
+        swap_block_bytes=block_bytes, debug=eng.debug, stream_interval=eng.stream_interval)
     knobs = EngineKnobs(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         enforce_eager=eng.enforce_eager,
                         cudagraph_capture_sizes=(tuple(eng.cudagraph_capture_sizes)

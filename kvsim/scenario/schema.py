@@ -64,6 +64,9 @@ class EngineSection(_Section):
     # CUDA graphs, modelled by cost_model.engine_preset (kvsim/cost/presets.py); None: the preset's default
     enforce_eager: bool | None = None
     cudagraph_capture_sizes: list[Annotated[int, Field(ge=1)]] | None = Field(None, min_length=1)
+    # The engine loop and what the client sees (engine time, issue #13; docs/cost_models.md)
+    stream_interval: int = Field(1, ge=1, description="vLLM --stream-interval: stream every k "
+                                                      "tokens, plus the first and the last")
     debug: bool = False
     serve_args: str | None = Field(None, description="`vllm serve` flags, expanded into the keys "
                                                       "above when the file is read (docs/vllm.md)")

@@ -30,6 +30,8 @@ class SchedulerConfig:
     num_cpu_blocks: int = 0                   # swap space, in blocks
     swap_block_bytes: int = 0                 # bytes of one block, for swap traffic
     debug: bool = False                       # keep tokens per block; check every hit
+    # What the engine loop reads (kvsim.sim.engine; engine time, issue #13)
+    stream_interval: int = 1                  # vLLM --stream-interval (kvsim.sim.client)
 
     def make_kv_manager(self):
         """The paged KV manager these settings describe."""

@@ -33,6 +33,7 @@ import simpy
 from kvsim.cost.base import CostModel, decode_run_function, step_time_function
 from kvsim.sched.base import DecodeRun, Scheduler, StepPlan
 from kvsim.sched.request import Request, RequestStatus
+from kvsim.sim.client import stream_interval_times
 from kvsim.sim.frontend import AtTime
 from kvsim.sim.steplog import StepLog
 from kvsim.workload.request import RequestSpec
@@ -96,7 +97,8 @@ class Engine:
                  on_done: Callable[[Request], None] | None = None,
                  more_input: Callable[[], bool] | None = None,
                  next_input_time: Callable[[], float] | None = None,
-                 progress: Callable[[float, int], None] | None = None) -> None:
+                 progress: Callable[[float, int], None] | None = None,
+                 stream_interval: int = 1) -> None:
         self.env = env if env is not None else simpy.Environment(initial_time=0.0)
         self.name = name
         self.scheduler = scheduler
@@ -116,6 +118,7 @@ class Engine:
         self._more_input = more_input or (lambda: False)
         self._next_input_time = next_input_time or self.env.peek
         self.progress = progress
+        self.stream_interval = stream_interval      # kvsim.sim.client
         self.steps = StepLog()
         self.done: list[Request] = []            # finished or failed, in order
         self.num_done = 0
@@ -301,6 +304,9 @@ class Engine:
         # A done request never touches the KV cache again: drop its token ids
         # and hashes (the bulk of its memory); its timings stay for the tables.
         req.all_token_ids = req.block_hashes = None
+        if self.stream_interval > 1 and req.status is not RequestStatus.FAILED:
+            # The times the client sees (first and last token are never held back).
+            req.token_times = stream_interval_times(req.token_times, self.stream_interval)
         self.done.append(req)
         self.num_done += 1
         if self.sink is not None and len(self.done) >= self.flush_every:

@@ -56,7 +56,8 @@ def make_engine(config: SchedulerConfig, *, scheduler: str = "chunked",
                        hash_blocks=config.enable_prefix_caching, keep_tokens=config.debug)
 
     return Engine(sched, cost_model or ConstantCostModel(1.0), make_request=make,
-                  check_request=lambda r: request_problem(r, config), env=env, **engine_options)
+                  check_request=lambda r: request_problem(r, config), env=env,
+                  stream_interval=config.stream_interval, **engine_options)
 
 
 def run_engine(specs: Iterable[RequestSpec], config: SchedulerConfig, *,
