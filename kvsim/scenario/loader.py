@@ -131,9 +131,10 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
             f"engine.max_model_len: got {max_model_len}; one request of that length needs "
             f"{-(-max_model_len // eng.block_size)} blocks but the KV cache has {num_gpu_blocks - 1} "
             f"usable blocks ({token_capacity} tokens); lower it or give the cache more memory")
-    # The continuous (V0) scheduler never chunks a prefill.
-    chunking = eng.enable_chunked_prefill and eng.scheduler != "continuous"
-    if not chunking and eng.scheduler != "static":
+    notes += _check_baseline_scheduler(eng)
+    # The continuous (V0) scheduler never chunks a prefill; orca runs prompts whole, with no budget.
+    chunking = eng.enable_chunked_prefill and eng.scheduler not in ("continuous", "orca")
+    if not chunking and eng.scheduler not in ("static", "orca"):
         if eng.max_num_batched_tokens is None:
             max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)   # V0 default (V7)
         elif max_num_batched_tokens < max_model_len:
@@ -145,19 +146,22 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
         raise ScenarioError("engine.preemption_mode: got 'swap'; the chunked (vLLM V1) scheduler "
                             "only preempts by recompute; allowed: recompute (swap needs "
                             "scheduler: continuous)")
+    # V0 and the Sarathi artifact keep 1% of the blocks free at admission.
     watermark = eng.watermark if eng.watermark is not None else (
-        0.01 if eng.scheduler == "continuous" else 0.0)
+        0.01 if eng.scheduler in ("continuous", "simple_chunking") else 0.0)
     block_bytes = model.kv_bytes_per_block(eng.block_size, eng.kv_cache_dtype, tp)
     sched_config = SchedulerConfig(
         num_gpu_blocks=num_gpu_blocks, block_size=eng.block_size, max_model_len=max_model_len,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        enable_prefix_caching=eng.enable_prefix_caching,
+        enable_prefix_caching=(eng.enable_prefix_caching
+                               and eng.scheduler not in ("simple_chunking", "orca")),
         enable_chunked_prefill=eng.enable_chunked_prefill,
         long_prefill_token_threshold=eng.long_prefill_token_threshold, policy=eng.policy,
         scheduler_reserve_full_isl=eng.scheduler_reserve_full_isl, watermark=watermark,
         preemption_mode=eng.preemption_mode or "recompute",
         num_cpu_blocks=int(eng.swap_space * GIB) // block_bytes,
-        swap_block_bytes=block_bytes, debug=eng.debug, stream_interval=eng.stream_interval)
+        swap_block_bytes=block_bytes, debug=eng.debug, stream_interval=eng.stream_interval,
+        orca_reservation=eng.orca_reservation or "max")
     knobs = EngineKnobs(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         enforce_eager=eng.enforce_eager,
                         cudagraph_capture_sizes=(tuple(eng.cudagraph_capture_sizes)
@@ -176,6 +180,30 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
                             else f"cost_model: {msg}") from None
     return LoadedScenario(sc, data, base, model, gpu, tp, capacity, sched_config, cost_model, workload,
                           tuple(notes))
+
+
+def _check_baseline_scheduler(eng) -> list[str]:
+    """Knobs the baseline schedulers (``simple_chunking``, ``orca``) cannot honour; their notes."""
+    notes = []
+    if eng.orca_reservation is not None and eng.scheduler != "orca":
+        raise ScenarioError(f"engine.orca_reservation: got {eng.orca_reservation!r}, but only the "
+                            f"orca scheduler reserves contiguous KV; set engine.scheduler: orca "
+                            f"or drop it")
+    if eng.scheduler not in ("simple_chunking", "orca"):
+        return notes
+    if eng.preemption_mode == "swap":
+        raise ScenarioError(f"engine.preemption_mode: got 'swap'; the {eng.scheduler} scheduler "
+                            f"{'never preempts' if eng.scheduler == 'orca' else 'preempts by recompute'}"
+                            f"; allowed: recompute (swap needs scheduler: continuous)")
+    if eng.scheduler == "simple_chunking" and not eng.enable_chunked_prefill:
+        raise ScenarioError("engine.enable_chunked_prefill: got false; simple_chunking (Sarathi-Serve) "
+                            "always chunks prefills; for whole prompts use scheduler: continuous "
+                            "or orca")
+    if eng.enable_prefix_caching:
+        notes.append(f"engine.enable_prefix_caching: the {eng.scheduler} scheduler has no prefix "
+                     f"cache (as its source system); it runs without one (set it to false to "
+                     f"silence this note)")
+    return notes
 
 
 def _check_tensor_parallel(model: ModelSpec, tp: int) -> None:

@@ -45,7 +45,7 @@ class HardwareSection(_Section):
 class EngineSection(_Section):
     """vLLM engine knobs, under vLLM's names. ``None`` means vLLM's default for the GPU."""
 
-    scheduler: Literal["chunked", "continuous", "static"] = "chunked"
+    scheduler: Literal["chunked", "continuous", "static", "simple_chunking", "orca"] = "chunked"
     block_size: int = Field(16, ge=1, le=1024)
     num_gpu_blocks_override: int | None = Field(None, ge=2)
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
@@ -64,6 +64,8 @@ class EngineSection(_Section):
     # CUDA graphs, modelled by cost_model.engine_preset (kvsim/cost/presets.py); None: the preset's default
     enforce_eager: bool | None = None
     cudagraph_capture_sizes: list[Annotated[int, Field(ge=1)]] | None = Field(None, min_length=1)
+    orca_reservation: Literal["max", "pow2", "oracle"] | None = Field(
+        None, description="orca scheduler: KV reserved per request (default max: max_model_len)")
     # The engine loop and what the client sees (engine time, issue #13; docs/cost_models.md)
     stream_interval: int = Field(1, ge=1, description="vLLM --stream-interval: stream every k "
                                                       "tokens, plus the first and the last")

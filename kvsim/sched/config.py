@@ -32,6 +32,8 @@ class SchedulerConfig:
     debug: bool = False                       # keep tokens per block; check every hit
     # What the engine loop reads (kvsim.sim.engine; engine time, issue #13)
     stream_interval: int = 1                  # vLLM --stream-interval (kvsim.sim.client)
+    # orca only: the contiguous reservation per request (kvsim.sched.orca)
+    orca_reservation: str = "max"             # max | pow2 | oracle
 
     def make_kv_manager(self):
         """The paged KV manager these settings describe."""

@@ -13,7 +13,7 @@ from kvsim.sim.engine import Engine
 from kvsim.sim.frontend import Frontend
 from kvsim.workload.request import RequestSpec
 
-SCHEDULERS = ("chunked", "continuous", "static")
+SCHEDULERS = ("chunked", "continuous", "static", "simple_chunking", "orca")
 
 
 def make_scheduler(name: str, config: SchedulerConfig):
@@ -26,6 +26,12 @@ def make_scheduler(name: str, config: SchedulerConfig):
     if name == "static":
         from kvsim.sched.static import StaticScheduler
         return StaticScheduler(config)
+    if name == "simple_chunking":
+        from kvsim.sched.simple_chunking import SimpleChunkingScheduler
+        return SimpleChunkingScheduler(config)
+    if name == "orca":
+        from kvsim.sched.orca import OrcaScheduler
+        return OrcaScheduler(config)
     raise ValueError(f"engine.scheduler: {name!r} is not one of {', '.join(SCHEDULERS)}")
 
 
