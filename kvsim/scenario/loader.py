@@ -132,6 +132,7 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
             f"{-(-max_model_len // eng.block_size)} blocks but the KV cache has {num_gpu_blocks - 1} "
             f"usable blocks ({token_capacity} tokens); lower it or give the cache more memory")
     notes += _check_baseline_scheduler(eng)
+    _check_engine_loop(eng)
     # The continuous (V0) scheduler never chunks a prefill; orca runs prompts whole, with no budget.
     chunking = eng.enable_chunked_prefill and eng.scheduler not in ("continuous", "orca")
     if not chunking and eng.scheduler not in ("static", "orca"):
@@ -161,6 +162,7 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
         preemption_mode=eng.preemption_mode or "recompute",
         num_cpu_blocks=int(eng.swap_space * GIB) // block_bytes,
         swap_block_bytes=block_bytes, debug=eng.debug, stream_interval=eng.stream_interval,
+        async_scheduling=eng.async_scheduling,
         orca_reservation=eng.orca_reservation or "max")
     knobs = EngineKnobs(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         enforce_eager=eng.enforce_eager,
@@ -180,6 +182,13 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
                             else f"cost_model: {msg}") from None
     return LoadedScenario(sc, data, base, model, gpu, tp, capacity, sched_config, cost_model, workload,
                           tuple(notes))
+
+
+def _check_engine_loop(eng) -> None:
+    """Engine-time knobs the chosen scheduler cannot run (docs/engine.md)."""
+    if eng.async_scheduling and eng.scheduler != "chunked":
+        raise ScenarioError(f"engine.async_scheduling: got true with scheduler {eng.scheduler!r}; "
+                            f"async scheduling is vLLM V1's (scheduler: chunked); allowed: false")
 
 
 def _check_baseline_scheduler(eng) -> list[str]:

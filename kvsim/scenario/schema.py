@@ -69,6 +69,8 @@ class EngineSection(_Section):
     # The engine loop and what the client sees (engine time, issue #13; docs/cost_models.md)
     stream_interval: int = Field(1, ge=1, description="vLLM --stream-interval: stream every k "
                                                       "tokens, plus the first and the last")
+    async_scheduling: bool = Field(False, description="vLLM V1 --async-scheduling: schedule step "
+                                                      "N+1 while step N runs (chunked only)")
     debug: bool = False
     serve_args: str | None = Field(None, description="`vllm serve` flags, expanded into the keys "
                                                       "above when the file is read (docs/vllm.md)")

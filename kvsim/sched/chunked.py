@@ -27,6 +27,9 @@ class ChunkedScheduler(PagedScheduler):
         self.waiting = make_waiting_queue(config.policy)
         # N2: vLLM sizes the watermark on all blocks, the null block included.
         self.watermark_blocks = int(config.watermark * config.num_gpu_blocks)
+        # Async scheduling: requests whose last token was sampled in the step
+        # before, still holding their blocks until the next schedule() is made.
+        self._finishing: list[Request] = []
 
     # ------------------------------------------------------------ protocol
 
@@ -36,9 +39,6 @@ class ChunkedScheduler(PagedScheduler):
     def has_requests(self) -> bool:
         return bool(self.running) or bool(len(self.waiting))
 
-    def get_request_counts(self) -> tuple[int, int]:
-        return len(self.running), len(self.waiting)
-
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         self.refresh_threshold()
@@ -47,6 +47,8 @@ class ChunkedScheduler(PagedScheduler):
             # S3: a step that preempted admits nothing.
             self._schedule_waiting(plan, budget)
         commit_scheduled(plan)
+        if self._finishing:
+            self._release_finishing()
         return plan
 
     def refresh_threshold(self) -> None:
@@ -58,6 +60,15 @@ class ChunkedScheduler(PagedScheduler):
     def update_from_output(self, plan: StepPlan, now: float) -> list[Request]:
         """Every request whose chunk reached its last token samples one (S7)."""
         return self.finish_requests(sample_tokens(plan, now), now)
+
+    def finish_requests(self, finished: list[Request], now: float) -> list[Request]:
+        if self.config.async_scheduling:
+            return self._finish_after_next_schedule(finished, now)
+        return super().finish_requests(finished, now)
+
+    def get_request_counts(self) -> tuple[int, int]:
+        # vLLM's stats come after the step's outputs, finished requests gone.
+        return len(self.running) - len(self._finishing), len(self.waiting)
 
     def pop_unschedulable(self) -> Request | None:
         return self.waiting.pop() if len(self.waiting) else None
@@ -154,6 +165,8 @@ class ChunkedScheduler(PagedScheduler):
         What it still wants, cut to the long-prefill threshold and the budget;
         one slot stays free for the token this step samples.
         """
+        if req.status is RequestStatus.FINISHED:
+            return 0                 # async scheduling: its last token is in flight (see below)
         computed = req.num_computed_tokens
         n = req.prompt_len + req.num_output_tokens - computed      # num_tokens - computed
         if 0 < self._threshold < n:
@@ -194,11 +207,57 @@ class ChunkedScheduler(PagedScheduler):
 
     def _preempt(self, req: Request, plan: StepPlan) -> None:
         """P2: recompute preemption: free everything, back to the queue front."""
+        if req.status is RequestStatus.FINISHED:
+            self._preempt_finishing(req, plan)
+            return
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.num_preemptions += 1
         self.waiting.prepend(req)
+        plan.preempted.append(req)
+
+    # --------------------------------------------------- async scheduling
+
+    def _finish_after_next_schedule(self, finished: list[Request], now: float) -> list[Request]:
+        """Async scheduling: the step's outputs are in, but the next step was scheduled before.
+
+        vLLM V1 with ``async_scheduling`` (``vllm/v1/engine/core.py``,
+        ``EngineCore.step_with_batch_queue``) schedules step N+1 while step N
+        runs, and applies N's outputs after that (``update_from_output``).
+        kvsim samples N's tokens now (what N+1's placeholders stand for) and
+        reports the finished requests, but they keep their running slot and
+        their blocks through the next ``schedule()``, which skips them: vLLM
+        does not schedule a request whose last token is in flight
+        (``Scheduler.schedule``: ``num_computed_tokens + 2 -
+        num_output_placeholders >= num_prompt_tokens + max_tokens``, or no
+        room left under ``max_model_len``). The next ``schedule()`` frees them
+        when it is done (``_release_finishing``).
+        """
+        for req in finished:
+            req.status = RequestStatus.FINISHED
+            req.finish_time = now
+        self._finishing += finished
+        return finished
+
+    def _release_finishing(self) -> None:
+        """After the schedule that skipped them: free the finished requests, in output order."""
+        for req in self._finishing:
+            self.running.remove(req)
+            self.kv.free(req)
+        self._finishing = []
+
+    def _preempt_finishing(self, req: Request, plan: StepPlan) -> None:
+        """P1 picked a request whose last token is in flight (async scheduling).
+
+        vLLM preempts it (its blocks are freed now, ``num_preemptions`` counts
+        it) and, as its stale output is kept (``drop_stale_output`` is False
+        without a KV connector), that output still finishes it: it never
+        goes back to the queue. The caller took it out of ``running``.
+        """
+        self._finishing.remove(req)
+        self.kv.free(req)
+        req.num_preemptions += 1
         plan.preempted.append(req)
 
     # ------------------------------------------------------------- waiting

@@ -32,6 +32,7 @@ class SchedulerConfig:
     debug: bool = False                       # keep tokens per block; check every hit
     # What the engine loop reads (kvsim.sim.engine; engine time, issue #13)
     stream_interval: int = 1                  # vLLM --stream-interval (kvsim.sim.client)
+    async_scheduling: bool = False            # vLLM V1 async scheduling (kvsim.sim.inbox; chunked)
     # orca only: the contiguous reservation per request (kvsim.sched.orca)
     orca_reservation: str = "max"             # max | pow2 | oracle
 

@@ -35,6 +35,7 @@ from kvsim.sched.base import DecodeRun, Scheduler, StepPlan
 from kvsim.sched.request import Request, RequestStatus
 from kvsim.sim.client import stream_interval_times
 from kvsim.sim.frontend import AtTime
+from kvsim.sim.inbox import Inbox
 from kvsim.sim.steplog import StepLog
 from kvsim.workload.request import RequestSpec
 
@@ -98,13 +99,16 @@ class Engine:
                  more_input: Callable[[], bool] | None = None,
                  next_input_time: Callable[[], float] | None = None,
                  progress: Callable[[float, int], None] | None = None,
-                 stream_interval: int = 1) -> None:
+                 stream_interval: int = 1, async_scheduling: bool = False) -> None:
         self.env = env if env is not None else simpy.Environment(initial_time=0.0)
         self.name = name
         self.scheduler = scheduler
         self.cost_model = cost_model
-        self._step_time = step_time_function(cost_model)           # costs a step given as lists
-        self._decode_run_times = decode_run_function(cost_model)   # costs a run of decode steps
+        # vLLM V1 async scheduling: step N+1 is scheduled while step N runs (kvsim.sim.inbox),
+        # so the CPU part of a step overlaps the GPU part of another (kvsim.cost.base).
+        self.async_scheduling = async_scheduling
+        self._step_time = step_time_function(cost_model, overlap_cpu=async_scheduling)
+        self._decode_run_times = decode_run_function(cost_model, overlap_cpu=async_scheduling)
         self.make_request = make_request
         self.check_request = check_request
         self.trace = trace
@@ -125,7 +129,7 @@ class Engine:
         self.num_arrived = 0
         self.num_run_steps = 0
         self.num_runs = 0
-        self._inbox: list[Request] = []
+        self._inbox = Inbox(async_scheduling)      # submitted, not yet seen by the scheduler
         self._wake: simpy.Event | None = None
         self._reported_finished = False
         self._in_flight: _RunInFlight | None = None
@@ -156,7 +160,7 @@ class Engine:
             req.finish_time = arrival_time
             self._on_done(req)
             return
-        self._inbox.append(req)
+        self._inbox.add(req, self.env.now)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
         if self._in_flight is not None:
@@ -203,10 +207,9 @@ class Engine:
         sched = self.scheduler
         ticks = 0
         while True:
-            arrived = bool(self._inbox)
-            for req in self._inbox:
-                sched.add_request(req)
-            self._inbox.clear()
+            arrived = self._hand_over(self._inbox.take())
+            if not sched.has_requests() and len(self._inbox):
+                arrived = self._hand_over(self._inbox.take_all())   # nothing else to run
             if not sched.has_requests() and not (self._reported_finished and self._more_input()):
                 self._reported_finished = False
                 yield from self._sleep()
@@ -218,15 +221,37 @@ class Engine:
             # is asked for then; stepping it one by one is exact either way.
             run = sched.plan_decode_run() if self.fast_path and not arrived else None
             if run is not None:
-                times, durations = self._decode_run_times(run.num_seqs, run.context_token_sum,
-                                                          self.env.now, run.max_steps,
-                                                          self._next_input_time())
+                times, durations = self._run_times(run)
                 if durations:
                     yield from self._decode_run(run, times, durations)
                     continue
             yield from self._step()
 
+    def _hand_over(self, reqs: list[Request]) -> bool:
+        for req in reqs:
+            self.scheduler.add_request(req)
+        return bool(reqs)
+
+    def _run_times(self, run: DecodeRun) -> tuple[list[float], list[float]]:
+        """Boundaries and durations of the run's steps that start before the next input.
+
+        With async scheduling the step due when that input arrives was already
+        scheduled without it (kvsim.sim.inbox), so it is part of the run too;
+        a request held back in the inbox is seen by the step after the next.
+        """
+        n, context = run.num_seqs, run.context_token_sum
+        ahead = self._inbox.scheduled_ahead
+        until = self.env.now if ahead and len(self._inbox) else self._next_input_time()
+        times, durations = self._decode_run_times(n, context, self.env.now, run.max_steps, until)
+        if ahead and len(durations) < run.max_steps:
+            more_times, more = self._decode_run_times(n, context + n * len(durations), times[-1],
+                                                      1, math.inf)
+            times += more_times[1:]
+            durations += more
+        return times, durations
+
     def _sleep(self):
+        self._inbox.nothing_ahead()
         self._wake = self.env.event()
         yield self._wake
         self._wake = None
@@ -236,6 +261,23 @@ class Engine:
         env, sched = self.env, self.scheduler
         start = env.now
         plan = sched.schedule()
+        if plan.is_empty and not plan.failed and self.async_scheduling:
+            # The schedule made while the last step ran found nothing: an empty
+            # batch costs the loop no time, and the next schedule follows once
+            # that step's outputs are in, seeing every request (kvsim.sim.inbox).
+            self._hand_over(self._inbox.take_all())
+            plan = sched.schedule()
+            if plan.is_empty and not plan.failed:
+                # Nothing to run: the loop waits for input, no step is taken.
+                self._inbox.nothing_ahead()
+                self._reported_finished = False
+                if not self._progress_possible():
+                    self._fail_unschedulable()
+                return
+        if plan.is_empty:
+            self._inbox.nothing_ahead()
+        else:
+            self._inbox.step_started(start)
         for req, _, _ in plan.scheduled:
             if math.isnan(req.scheduled_time):
                 req.scheduled_time = start
@@ -269,16 +311,18 @@ class Engine:
         k = flight.num_steps
         if k == 0:
             return                                   # cut before its first step began
+        self._inbox.step_started(times[k - 1])
         finished = self.scheduler.apply_decode_run(run, k, times[1:k + 1])
         self._record_run(flight, finished)
         self._finish(finished)
 
     def _cut_run(self) -> None:
-        """A request was submitted mid-run: keep the steps that already started."""
+        """A request was submitted mid-run: keep the steps that already started
+        (and, with async scheduling, the one already scheduled after them)."""
         flight = self._in_flight
-        started = bisect_left(flight.times, self.env.now, 0, flight.num_steps)
-        if started < flight.num_steps:
-            flight.num_steps = started
+        keep = bisect_left(flight.times, self.env.now, 0, flight.num_steps) + self.async_scheduling
+        if keep < flight.num_steps:
+            flight.num_steps = keep
             self._process.interrupt()
 
     def _sync_run(self) -> None:

@@ -63,7 +63,8 @@ def make_engine(config: SchedulerConfig, *, scheduler: str = "chunked",
 
     return Engine(sched, cost_model or ConstantCostModel(1.0), make_request=make,
                   check_request=lambda r: request_problem(r, config), env=env,
-                  stream_interval=config.stream_interval, **engine_options)
+                  stream_interval=config.stream_interval,
+                  async_scheduling=config.async_scheduling, **engine_options)
 
 
 def run_engine(specs: Iterable[RequestSpec], config: SchedulerConfig, *,
