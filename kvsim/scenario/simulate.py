@@ -128,6 +128,7 @@ def requests_frame(done: list[Request]) -> pd.DataFrame:
     for r in done:
         rows["request_id"].append(r.request_id)
         rows["arrival_time_s"].append(r.arrival_time)
+        rows["queued_time_s"].append(r.queued_time)
         rows["scheduled_time_s"].append(r.scheduled_time)
         rows["first_token_time_s"].append(r.first_token_time)
         rows["finish_time_s"].append(r.finish_time)

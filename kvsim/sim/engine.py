@@ -207,9 +207,9 @@ class Engine:
         sched = self.scheduler
         ticks = 0
         while True:
-            arrived = self._hand_over(self._inbox.take())
+            arrived = self._hand_over(self._inbox.take(self.env.now))
             if not sched.has_requests() and len(self._inbox):
-                arrived = self._hand_over(self._inbox.take_all())   # nothing else to run
+                arrived = self._hand_over(self._inbox.take_all(self.env.now))   # nothing else to run
             if not sched.has_requests() and not (self._reported_finished and self._more_input()):
                 self._reported_finished = False
                 yield from self._sleep()
@@ -265,7 +265,7 @@ class Engine:
             # The schedule made while the last step ran found nothing: an empty
             # batch costs the loop no time, and the next schedule follows once
             # that step's outputs are in, seeing every request (kvsim.sim.inbox).
-            self._hand_over(self._inbox.take_all())
+            self._hand_over(self._inbox.take_all(self.env.now))
             plan = sched.schedule()
             if plan.is_empty and not plan.failed:
                 # Nothing to run: the loop waits for input, no step is taken.

@@ -51,8 +51,15 @@ class Inbox:
         """The engine idled, or a step scheduled nothing: the next schedule() sees everything."""
         self._scheduled_at = None
 
-    def take(self) -> list[Request]:
-        """The requests the next ``schedule()`` sees, removed from the inbox."""
+    def take(self, now: float) -> list[Request]:
+        """The requests the next ``schedule()`` sees, removed from the inbox.
+
+        Each gets its ``queued_time``, when vLLM's engine core read it from the
+        input queue (the ``QUEUED`` event, ``queued_ts``): now; or, when the
+        schedule due now was made during the last step, the start of that
+        step: the engine core read these requests (submitted during the step
+        before it) once that earlier step's outputs were in.
+        """
         cutoff = self._scheduled_at
         n = len(self._reqs)
         if cutoff is not None:
@@ -60,9 +67,12 @@ class Inbox:
             while n < len(self._times) and self._times[n] <= cutoff:
                 n += 1
         taken = self._reqs[:n]
+        queued = now if cutoff is None else cutoff
+        for req in taken:
+            req.queued_time = queued
         del self._reqs[:n], self._times[:n]
         return taken
 
-    def take_all(self) -> list[Request]:
+    def take_all(self, now: float) -> list[Request]:
         self.nothing_ahead()
-        return self.take()
+        return self.take(now)
