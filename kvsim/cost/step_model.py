@@ -92,6 +92,8 @@ class StepCostModel:
     # The engine's time outside the kernels (overhead.py); None: ``overhead``
     # above is the whole engine part and no CUDA graphs are modelled.
     engine: EngineTiming | None = None
+    # Speculative decoding's drafter (kvsim.cost.spec_decode.DraftCost), or None.
+    draft: object = None
 
     def __post_init__(self) -> None:
         sh = self.shapes
@@ -120,6 +122,14 @@ class StepCostModel:
     def with_engine(self, engine: EngineTiming | None) -> "StepCostModel":
         """The same GPU model with another engine part."""
         return dataclasses.replace(self, engine=engine)
+
+    def with_draft(self, draft) -> "StepCostModel":
+        """The same model with a speculative-decoding drafter (kvsim.cost.spec_decode)."""
+        return dataclasses.replace(self, draft=draft)
+
+    def draft_step_time(self, num_seqs: int, context_token_sum: int) -> float:
+        """Seconds the drafter adds to a step in which ``num_seqs`` requests get drafts."""
+        return 0.0 if self.draft is None else self.draft.step_time(num_seqs, context_token_sum)
 
     # ------------------------------------------------------------ public API
 

@@ -306,6 +306,15 @@ class KVCacheManager:
                 first = s if first is None else min(first, s)
         return first
 
+    def cache_blocks(self, req, num_tokens: int) -> None:
+        """A4 once ``num_tokens`` of ``req`` are verified: speculative decoding caches
+        the blocks its accepted drafts filled after the step (vLLM
+        ``Scheduler.update_from_output``: ``kv_cache_manager.cache_blocks``), since
+        ``allocate_slots`` caches only up to the tokens known when scheduling."""
+        blocks = self.req_to_blocks.get(req.request_id)
+        if blocks is not None:
+            self._cache_full_blocks(req, blocks, num_tokens)
+
     def has_evictable_hits(self, blocks: Sequence[int]) -> bool:
         """Whether any of these prefix-hit blocks sits in the free queue."""
         ref = self.pool.ref_cnt

@@ -133,6 +133,7 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
             f"usable blocks ({token_capacity} tokens); lower it or give the cache more memory")
     notes += _check_baseline_scheduler(eng)
     _check_engine_loop(eng)
+    speculative = _speculative_config(eng, sc.seed, base, max_num_batched_tokens)
     # The continuous (V0) scheduler never chunks a prefill; orca runs prompts whole, with no budget.
     chunking = eng.enable_chunked_prefill and eng.scheduler not in ("continuous", "orca")
     if not chunking and eng.scheduler not in ("static", "orca"):
@@ -163,6 +164,8 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
         num_cpu_blocks=int(eng.swap_space * GIB) // block_bytes,
         swap_block_bytes=block_bytes, debug=eng.debug, stream_interval=eng.stream_interval,
         async_scheduling=eng.async_scheduling,
+        max_num_scheduled_tokens=eng.max_num_scheduled_tokens,
+        speculative=speculative,
         orca_reservation=eng.orca_reservation or "max")
     knobs = EngineKnobs(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         enforce_eager=eng.enforce_eager,
@@ -176,12 +179,65 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
     try:
         cost_model = build_cost_model(cost_config, model=model, gpu=gpu, tp=tp,
                                       kv_cache_dtype=eng.kv_cache_dtype, engine=knobs)
+        if speculative is not None and hasattr(cost_model, "with_draft"):
+            from kvsim.cost.spec_decode import draft_cost
+            cost_model = cost_model.with_draft(draft_cost(speculative, model, gpu, tp,
+                                                          eng.kv_cache_dtype, load_model))
     except (ValueError, FileNotFoundError) as exc:
         msg = str(exc)
         raise ScenarioError(msg if msg.startswith(("cost_model", "engine."))
                             else f"cost_model: {msg}") from None
     return LoadedScenario(sc, data, base, model, gpu, tp, capacity, sched_config, cost_model, workload,
                           tuple(notes))
+
+
+def _speculative_config(eng, seed: int, base: Path, max_num_batched_tokens: int):
+    """``engine.speculative_config`` resolved (kvsim.sched.spec_decode), or None."""
+    value = eng.speculative_config
+    if eng.max_num_scheduled_tokens is not None and eng.scheduler != "chunked":
+        raise ScenarioError(f"engine.max_num_scheduled_tokens: a vLLM V1 knob (scheduler: "
+                            f"chunked), not {eng.scheduler!r}")
+    if value is None:
+        return None
+    from kvsim.sched.spec_decode import METHODS, SpeculativeConfig, acceptance_from_config
+    where = "engine.speculative_config"
+    if eng.scheduler != "chunked":
+        raise ScenarioError(f"{where}: speculative decoding is modelled for vLLM V1 "
+                            f"(scheduler: chunked), not {eng.scheduler!r}")
+    if eng.async_scheduling:
+        raise ScenarioError(f"{where}: with engine.async_scheduling, vLLM schedules drafts it "
+                            f"has not verified yet; kvsim does not model that: set "
+                            f"async_scheduling: false")
+    allowed = ("method", "num_speculative_tokens", "model", "acceptance")
+    for key in value:
+        if key not in allowed:
+            raise ScenarioError(f"{where}.{key}: unknown key; allowed: {', '.join(allowed)}")
+    method = value.get("method")
+    if method not in METHODS:
+        raise ScenarioError(f"{where}.method: {method!r}; allowed: {', '.join(METHODS)}")
+    k = value.get("num_speculative_tokens")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ScenarioError(f"{where}.num_speculative_tokens: {k!r}; expected an integer >= 1")
+    model = value.get("model")
+    if method == "draft_model":
+        if not isinstance(model, str):
+            raise ScenarioError(f"{where}.model: {model!r}; method draft_model needs the draft "
+                                f"model's catalog name (kvsim capacity --list)")
+        _named(f"{where}.model", load_model, model, base)
+    if "acceptance" not in value:
+        raise ScenarioError(f"{where}.acceptance: missing; how many drafts are accepted is an "
+                            f"input: {{rate: 0.7}}, {{per_position: [...]}} or {{trace: FILE}}")
+    try:
+        acceptance = acceptance_from_config(value["acceptance"], k, seed, base)
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
+    spec = SpeculativeConfig(method, k, acceptance, model)
+    if max_num_batched_tokens <= spec.num_lookahead_tokens:
+        # vllm/config/vllm.py VllmConfig._set_max_num_scheduled_tokens
+        raise ScenarioError(f"engine.max_num_batched_tokens: {max_num_batched_tokens} leaves no slot "
+                            f"for a token with {spec.num_lookahead_tokens} lookahead slots "
+                            f"(num_speculative_tokens); raise it or lower num_speculative_tokens")
+    return spec
 
 
 def _check_engine_loop(eng) -> None:

@@ -71,6 +71,11 @@ class EngineSection(_Section):
                                                       "tokens, plus the first and the last")
     async_scheduling: bool = Field(False, description="vLLM V1 --async-scheduling: schedule step "
                                                       "N+1 while step N runs (chunked only)")
+    max_num_scheduled_tokens: int | None = Field(None, ge=1, description="vLLM: tokens one step "
+                                                 "may issue (default max_num_batched_tokens)")
+    speculative_config: dict[str, Any] | None = Field(
+        None, description="vLLM --speculative-config {method, num_speculative_tokens, model} "
+                          "plus kvsim's acceptance: {rate | per_position | trace} (docs/engine.md)")
     debug: bool = False
     serve_args: str | None = Field(None, description="`vllm serve` flags, expanded into the keys "
                                                       "above when the file is read (docs/vllm.md)")

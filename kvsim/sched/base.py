@@ -24,6 +24,13 @@ class StepPlan:
     swap_bytes: int = 0
     num_sampled: int = 0
     failed: list[Request] = field(default_factory=list)   # rejected for good (e.g. V0 "ignored")
+    # Speculative decoding (kvsim.sched.spec_decode): drafts scheduled per request
+    # (vLLM's scheduled_spec_decode_tokens), the requests the drafter runs on and
+    # their context, and the tokens generated (-1: one per sampling request).
+    scheduled_drafts: dict[str, int] = field(default_factory=dict)
+    num_drafting: int = 0
+    drafting_context_tokens: int = 0
+    num_generated_tokens: int = -1
 
     @property
     def is_empty(self) -> bool:

@@ -12,6 +12,7 @@ This is the reference path: it follows ``vllm/v1/core/sched/scheduler.py``
 from __future__ import annotations
 
 from kvsim.sched.base import DecodeRun, StepPlan, commit_scheduled, record_admission, sample_tokens
+from kvsim.sched.budget import StepBudget
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.paged import PagedScheduler
 from kvsim.sched.queues import make_waiting_queue
@@ -30,6 +31,15 @@ class ChunkedScheduler(PagedScheduler):
         # Async scheduling: requests whose last token was sampled in the step
         # before, still holding their blocks until the next schedule() is made.
         self._finishing: list[Request] = []
+        # Speculative decoding (kvsim.sched.spec_decode): drafts, and the KV
+        # slots reserved past the scheduled tokens for the drafter.
+        spec = config.speculative
+        self._drafts = None
+        self._lookahead = 0
+        if spec is not None:
+            from kvsim.sched.spec_decode import Drafts
+            self._drafts = Drafts(spec)
+            self._lookahead = spec.num_lookahead_tokens
 
     # ------------------------------------------------------------ protocol
 
@@ -42,11 +52,13 @@ class ChunkedScheduler(PagedScheduler):
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         self.refresh_threshold()
-        budget = self._schedule_running(plan, self.config.max_num_batched_tokens)
+        budget = self._schedule_running(plan, self.new_budget())
         if not plan.preempted:
             # S3: a step that preempted admits nothing.
             self._schedule_waiting(plan, budget)
         commit_scheduled(plan)
+        if self._drafts is not None:
+            self._drafts.after_schedule(plan)
         if self._finishing:
             self._release_finishing()
         return plan
@@ -57,8 +69,17 @@ class ChunkedScheduler(PagedScheduler):
         num_in_system = len(self.running) + len(self.waiting)
         self._threshold = self.config.long_prefill_token_threshold if num_in_system > 1 else 0
 
+    def new_budget(self) -> StepBudget:
+        """This step's token and input budgets (kvsim.sched.budget)."""
+        cfg = self.config
+        slots = cfg.speculative.max_num_new_slots_for_drafting if cfg.speculative else 0
+        return StepBudget(cfg.max_num_scheduled_tokens or cfg.max_num_batched_tokens,
+                          cfg.max_num_batched_tokens, slots)
+
     def update_from_output(self, plan: StepPlan, now: float) -> list[Request]:
         """Every request whose chunk reached its last token samples one (S7)."""
+        if self._drafts is not None:
+            return self.finish_requests(self._verify(plan, now), now)
         return self.finish_requests(sample_tokens(plan, now), now)
 
     def finish_requests(self, finished: list[Request], now: float) -> list[Request]:
@@ -84,8 +105,10 @@ class ChunkedScheduler(PagedScheduler):
         a block that is not free (it would preempt, P1), and the waiting
         queue must stay shut for the whole run (``_steps_waiting_stays_shut``).
         """
+        if self._drafts is not None:
+            return None          # accepted drafts vary step by step: no run is exact
         batch = self._decoding_batch()
-        if batch is None or len(self.running) > self.config.max_num_batched_tokens:
+        if batch is None or len(self.running) > self.new_budget().room:
             return None
         max_steps, context_sum = batch
         self.refresh_threshold()
@@ -108,11 +131,12 @@ class ChunkedScheduler(PagedScheduler):
         cfg = self.config
         if not len(self.waiting):
             return max_steps
-        budget = cfg.max_num_batched_tokens - len(self.running)
-        if len(self.running) >= cfg.max_num_seqs or budget <= 0:
+        budget = self.new_budget()
+        budget.take(len(self.running))          # one token per decode
+        if len(self.running) >= cfg.max_num_seqs or not budget.open:
             return max_steps
         head = self.waiting.peek()
-        if self.try_admission(head, budget) is not None:
+        if self.try_admission(head, budget.room) is not None:
             return 0
         if not self.kv.enable_caching or head.num_computed_tokens:
             return max_steps
@@ -130,21 +154,21 @@ class ChunkedScheduler(PagedScheduler):
 
     # ------------------------------------------------------------- running
 
-    def _schedule_running(self, plan: StepPlan, budget: int) -> int:
+    def _schedule_running(self, plan: StepPlan, budget: StepBudget) -> StepBudget:
         """S2: give each running request its chunk, preempting when blocks run out."""
         cfg = self.config
         running, allocate, scheduled = self.running, self.kv.allocate_slots, plan.scheduled
-        chunk = self.running_chunk
+        chunk, lookahead = self.running_chunk, self._lookahead
         scheduled_now: dict[str, int] = {}
         i = 0
-        while i < len(running) and budget > 0:
+        while i < len(running) and budget.open:
             req = running[i]
             computed = req.num_computed_tokens
-            n = chunk(req, budget)
+            n = chunk(req, budget.room)
             if n <= 0:
                 i += 1
                 continue
-            if allocate(req, n) is None:
+            if allocate(req, n, num_lookahead_tokens=lookahead) is None:
                 i, budget = self._preempt_for(req, n, i, budget, plan, scheduled_now)
                 scheduled = plan.scheduled
                 if req.status is RequestStatus.PREEMPTED:
@@ -155,7 +179,7 @@ class ChunkedScheduler(PagedScheduler):
                     break
             scheduled.append((req, n, computed))
             scheduled_now[req.request_id] = n
-            budget -= n
+            budget.take(n)
             i += 1
         return budget
 
@@ -169,12 +193,14 @@ class ChunkedScheduler(PagedScheduler):
             return 0                 # async scheduling: its last token is in flight (see below)
         computed = req.num_computed_tokens
         n = req.prompt_len + req.num_output_tokens - computed      # num_tokens - computed
+        if self._drafts is not None:
+            n += self._drafts.num_drafts(req)       # num_tokens_with_spec - computed
         if 0 < self._threshold < n:
             n = self._threshold
         return min(n, budget, self.config.max_model_len - computed - 1)
 
-    def _preempt_for(self, req: Request, n: int, i: int, budget: int, plan: StepPlan,
-                      scheduled_now: dict[str, int]) -> tuple[int, int]:
+    def _preempt_for(self, req: Request, n: int, i: int, budget: StepBudget, plan: StepPlan,
+                      scheduled_now: dict[str, int]) -> tuple[int, StepBudget]:
         """P1: preempt victims until ``req``'s ``n`` slots fit, or ``req`` itself is the victim.
 
         Returns the updated running index and budget.
@@ -187,12 +213,12 @@ class ChunkedScheduler(PagedScheduler):
                 i -= 1
             if victim.request_id in scheduled_now:
                 # [new] P1: roll the victim's entry and budget back.
-                budget += scheduled_now.pop(victim.request_id)
+                budget.give_back(scheduled_now.pop(victim.request_id))
                 plan.scheduled = [e for e in plan.scheduled if e[0] is not victim]
             self._preempt(victim, plan)
             if victim is req:
                 return i, budget
-            if self.kv.allocate_slots(req, n) is not None:
+            if self.kv.allocate_slots(req, n, num_lookahead_tokens=self._lookahead) is not None:
                 return i, budget
 
     def _pick_victim(self) -> Request:
@@ -214,6 +240,8 @@ class ChunkedScheduler(PagedScheduler):
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.num_preemptions += 1
+        if self._drafts is not None:
+            self._drafts.drop(req)
         self.waiting.prepend(req)
         plan.preempted.append(req)
 
@@ -260,23 +288,32 @@ class ChunkedScheduler(PagedScheduler):
         req.num_preemptions += 1
         plan.preempted.append(req)
 
+    def _verify(self, plan: StepPlan, now: float) -> list[Request]:
+        """Speculative decoding's S7 (kvsim.sched.spec_decode), then the blocks
+        the accepted drafts filled are cached (``cache_blocks``)."""
+        finished = self._drafts.verify(plan, now)
+        for req, _, _ in plan.scheduled:
+            if req.num_computed_tokens:
+                self.kv.cache_blocks(req, req.num_computed_tokens)
+        return finished
+
     # ------------------------------------------------------------- waiting
 
-    def _schedule_waiting(self, plan: StepPlan, budget: int) -> int:
+    def _schedule_waiting(self, plan: StepPlan, budget: StepBudget) -> StepBudget:
         """S3-S5: admit from the waiting queue until a request does not fit."""
-        while budget > 0 and len(self.waiting):
+        while budget.open and len(self.waiting):
             if len(self.running) >= self.config.max_num_seqs:
                 break                               # TV9: the cap counts running requests
             req = self.waiting.peek()
-            admission = self.try_admission(req, budget)
+            admission = self.try_admission(req, budget.room)
             if admission is None:
                 break                               # TV10: head-of-line blocking
             hits, num_hit, n = admission
-            self.kv.allocate_slots(req, n, num_hit, hits)
+            self.kv.allocate_slots(req, n, num_hit, hits, num_lookahead_tokens=self._lookahead)
             self.waiting.pop()
             self.running.append(req)
             record_admission(plan, req, num_hit, n)
-            budget -= n
+            budget.take(n)
         return budget
 
     def try_admission(self, req: Request, budget: int) -> tuple[list[int], int, int] | None:
@@ -316,7 +353,7 @@ class ChunkedScheduler(PagedScheduler):
         if full_tokens is not None:
             if kv.num_blocks_to_allocate(req, full_tokens, hits) + wm > free:
                 return False
-        need = min(num_hit + n, self.config.max_model_len)
+        need = min(num_hit + n + self._lookahead, self.config.max_model_len)
         return kv.num_blocks_to_allocate(req, need, hits) + wm <= free
 
 

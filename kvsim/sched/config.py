@@ -33,6 +33,9 @@ class SchedulerConfig:
     # What the engine loop reads (kvsim.sim.engine; engine time, issue #13)
     stream_interval: int = 1                  # vLLM --stream-interval (kvsim.sim.client)
     async_scheduling: bool = False            # vLLM V1 async scheduling (kvsim.sim.inbox; chunked)
+    # chunked only: the issued-token budget (vLLM default: max_num_batched_tokens; kvsim.sched.budget)
+    max_num_scheduled_tokens: int | None = None
+    speculative: object = None                # kvsim.sched.spec_decode.SpeculativeConfig or None
     # orca only: the contiguous reservation per request (kvsim.sched.orca)
     orca_reservation: str = "max"             # max | pow2 | oracle
 

@@ -109,6 +109,7 @@ class Engine:
         self.async_scheduling = async_scheduling
         self._step_time = step_time_function(cost_model, overlap_cpu=async_scheduling)
         self._decode_run_times = decode_run_function(cost_model, overlap_cpu=async_scheduling)
+        self._draft_time = getattr(cost_model, "draft_step_time", None)   # speculative decoding
         self.make_request = make_request
         self.check_request = check_request
         self.trace = trace
@@ -289,6 +290,9 @@ class Engine:
         scheduled = plan.scheduled
         duration = self._step_time([e[1] for e in scheduled], [e[2] for e in scheduled],
                                    plan.num_sampled, plan.swap_bytes)
+        if plan.num_drafting and self._draft_time is not None:
+            # The drafter proposes the next drafts on the GPU within the step.
+            duration += self._draft_time(plan.num_drafting, plan.drafting_context_tokens)
         yield env.timeout(duration)
         finished = sched.update_from_output(plan, env.now)
         self._record(plan, finished, start, duration)
@@ -362,9 +366,10 @@ class Engine:
     def _record(self, plan: StepPlan, finished: list[Request], start: float, duration: float) -> None:
         sched = self.scheduler
         prefill = decode = 0
+        drafts = plan.scheduled_drafts
         for req, n, ctx in plan.scheduled:
-            # A one-token step of a request past its prompt is a decode.
-            if n == 1 and ctx >= req.prompt_len:
+            # A one-token step of a request past its prompt is a decode (with its drafts).
+            if ctx >= req.prompt_len and n - drafts.get(req.request_id, 0) == 1:
                 decode += 1
             else:
                 prefill += n
@@ -373,7 +378,7 @@ class Engine:
         self.steps.append(
             self.steps.next_step, start, duration, prefill, decode, len(plan.scheduled),
             running, waiting, len(plan.preempted), len(finished), free, sched.kv_cache_usage(),
-            plan.num_sampled)
+            plan.num_sampled if plan.num_generated_tokens < 0 else plan.num_generated_tokens)
         if self.trace is not None:
             self.trace({
                 "step": self.steps.next_step - 1,
