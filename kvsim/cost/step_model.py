@@ -144,7 +144,7 @@ class StepCostModel:
 
     def step_time_from_lists(self, num_new_tokens: list[int], num_context_tokens: list[int],
                              num_sampled: int, swap_bytes: int = 0,
-                             overlap_cpu: bool = False) -> float:
+                             overlap_cpu: bool = False, continuation: bool = False) -> float:
         """``step_time`` of the step ``BatchShape.from_lists`` would describe, without numpy.
 
         The engine's per-step entry point: a batch of a few dozen requests
@@ -153,6 +153,9 @@ class StepCostModel:
         serial part) runs while the GPU runs another step's kernels, as under
         vLLM V1's async scheduling, so a step takes ``max(kernels, launch +
         cpu)`` instead of ``max(kernels, launch) + cpu`` (``_combine``).
+        ``continuation``: a step of a multi-step window after its first
+        (vLLM 0.6 ``--num-scheduler-steps``), which neither schedules nor
+        prepares inputs: only the per-sampled-token CPU time is paid.
         """
         num_requests = len(num_new_tokens)
         num_tokens = sum(num_new_tokens)
@@ -183,8 +186,8 @@ class StepCostModel:
             t += self._decode_attention_time_scalar(num_decode, float(decode_context), True)
         t += self._allreduce_time(run_tokens)
         t *= self._gpu_scale
-        t = _combine(t, launch, self._cpu_time(num_requests, num_requests - num_decode, num_sampled),
-                     overlap_cpu)
+        t = _combine(t, launch, self._cpu_time(num_requests, num_requests - num_decode, num_sampled,
+                                               continuation), overlap_cpu)
         t += self.swap_sec_per_byte * swap_bytes
         return t
 
@@ -220,8 +223,8 @@ class StepCostModel:
         return t
 
     def decode_run_times(self, num_seqs: int, context_token_sum: int, start: float,
-                         max_steps: int, until: float,
-                         overlap_cpu: bool = False) -> tuple[list[float], list[float]]:
+                         max_steps: int, until: float, overlap_cpu: bool = False,
+                         continuation: bool = False) -> tuple[list[float], list[float]]:
         """Boundaries and durations of consecutive decode steps from ``start`` (fast path).
 
         Step k (0-based) decodes one token for each of ``num_seqs`` requests
@@ -235,7 +238,7 @@ class StepCostModel:
         run_tokens, launch = self._decode_run_shape(num_seqs)
         linear = self._linear_time(run_tokens, num_seqs)
         allreduce = self._allreduce_time(run_tokens)
-        cpu = self._cpu_time(num_seqs, 0, num_seqs)
+        cpu = self._cpu_time(num_seqs, 0, num_seqs, continuation)
         scale = self._gpu_scale
         spf, spb, floor_s, const_s, spt = self._decode_coef
         fpp, kvb = self._decode_flops_per_pair, self._kv_bytes_per_token_layer
@@ -385,8 +388,11 @@ class StepCostModel:
         ring_bytes = self._ring_factor * num_tokens * self.shapes.allreduce_bytes_per_token
         return calls * (self.allreduce.sec_per_byte * ring_bytes + self.allreduce.const_s)
 
-    def _cpu_time(self, num_requests: int, num_prefill: int, num_sampled: int) -> float:
+    def _cpu_time(self, num_requests: int, num_prefill: int, num_sampled: int,
+                  continuation: bool = False) -> float:
         """The engine's serial CPU time of a step (``overhead.EngineOverhead``)."""
+        if continuation:
+            return self._per_sampled_s * num_sampled
         return (self._fixed_cpu_s + self._per_request_s * num_requests
                 + self._per_prefill_s * num_prefill + self._per_sampled_s * num_sampled)
 

@@ -165,6 +165,7 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
         swap_block_bytes=block_bytes, debug=eng.debug, stream_interval=eng.stream_interval,
         async_scheduling=eng.async_scheduling,
         max_num_scheduled_tokens=eng.max_num_scheduled_tokens,
+        num_scheduler_steps=eng.num_scheduler_steps,
         speculative=speculative,
         orca_reservation=eng.orca_reservation or "max")
     knobs = EngineKnobs(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
@@ -245,6 +246,21 @@ def _check_engine_loop(eng) -> None:
     if eng.async_scheduling and eng.scheduler != "chunked":
         raise ScenarioError(f"engine.async_scheduling: got true with scheduler {eng.scheduler!r}; "
                             f"async scheduling is vLLM V1's (scheduler: chunked); allowed: false")
+    k = eng.num_scheduler_steps
+    if k > 1:
+        # vllm/engine/arg_utils.py (0.6.0-0.6.2) EngineArgs.create_engine_config
+        if eng.speculative_config is not None:
+            raise ScenarioError("engine.num_scheduler_steps: vLLM 0.6 refuses speculative decoding "
+                                "with multi-step (--num-scheduler-steps > 1); drop one of them")
+        if eng.scheduler != "continuous":
+            raise ScenarioError(
+                f"engine.num_scheduler_steps: {k} with scheduler {eng.scheduler!r}; multi-step "
+                f"is vLLM 0.6's V0 engine without chunked prefill (0.6.0-0.6.2: 'Chunked prefill "
+                f"is not supported with multi-step'; V1 has no multi-step): use scheduler: "
+                f"continuous, or num_scheduler_steps: 1")
+        if eng.preemption_mode == "swap":
+            raise ScenarioError("engine.preemption_mode: swap with num_scheduler_steps > 1 is not "
+                                "modelled (the swap-in lookahead slots); allowed: recompute")
 
 
 def _check_baseline_scheduler(eng) -> list[str]:

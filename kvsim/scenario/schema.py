@@ -71,6 +71,8 @@ class EngineSection(_Section):
                                                       "tokens, plus the first and the last")
     async_scheduling: bool = Field(False, description="vLLM V1 --async-scheduling: schedule step "
                                                       "N+1 while step N runs (chunked only)")
+    num_scheduler_steps: int = Field(1, ge=1, description="vLLM 0.6 --num-scheduler-steps: "
+                                     "decode windows of this many steps (continuous only)")
     max_num_scheduled_tokens: int | None = Field(None, ge=1, description="vLLM: tokens one step "
                                                  "may issue (default max_num_batched_tokens)")
     speculative_config: dict[str, Any] | None = Field(

@@ -31,6 +31,9 @@ class StepPlan:
     num_drafting: int = 0
     drafting_context_tokens: int = 0
     num_generated_tokens: int = -1
+    # A multi-step window's step after its first (kvsim.sched.multistep): nothing
+    # was scheduled or prepared for it, so the engine costs it without that CPU time.
+    continuation: bool = False
 
     @property
     def is_empty(self) -> bool:
@@ -63,6 +66,9 @@ class DecodeRun:
     num_free_blocks: int = 0               # before step 1
     steps_allocated: int = 0
     free_after: list[int] = field(default_factory=list, repr=False)
+    # The rest of a multi-step window (kvsim.sched.multistep): steps scheduled
+    # before they began, costed without scheduling and input preparation.
+    continuation: bool = False
 
 
 class Scheduler(Protocol):

@@ -36,6 +36,8 @@ class SchedulerConfig:
     # chunked only: the issued-token budget (vLLM default: max_num_batched_tokens; kvsim.sched.budget)
     max_num_scheduled_tokens: int | None = None
     speculative: object = None                # kvsim.sched.spec_decode.SpeculativeConfig or None
+    # continuous only: vLLM 0.6 multi-step decode windows (kvsim.sched.multistep)
+    num_scheduler_steps: int = 1
     # orca only: the contiguous reservation per request (kvsim.sched.orca)
     orca_reservation: str = "max"             # max | pow2 | oracle
 

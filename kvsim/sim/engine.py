@@ -110,6 +110,9 @@ class Engine:
         self._step_time = step_time_function(cost_model, overlap_cpu=async_scheduling)
         self._decode_run_times = decode_run_function(cost_model, overlap_cpu=async_scheduling)
         self._draft_time = getattr(cost_model, "draft_step_time", None)   # speculative decoding
+        # vLLM 0.6 multi-step: a window's later steps skip scheduling and input preparation.
+        self._continuation_step_time = step_time_function(cost_model, continuation=True)
+        self._continuation_run_times = decode_run_function(cost_model, continuation=True)
         self.make_request = make_request
         self.check_request = check_request
         self.trace = trace
@@ -241,6 +244,11 @@ class Engine:
         a request held back in the inbox is seen by the step after the next.
         """
         n, context = run.num_seqs, run.context_token_sum
+        if run.continuation:
+            # The rest of a multi-step window: no arrival changes it, but one is
+            # still recorded as waiting from the next step on, so it ends the run.
+            return self._continuation_run_times(n, context, self.env.now, run.max_steps,
+                                                self._next_input_time())
         ahead = self._inbox.scheduled_ahead
         until = self.env.now if ahead and len(self._inbox) else self._next_input_time()
         times, durations = self._decode_run_times(n, context, self.env.now, run.max_steps, until)
@@ -288,8 +296,9 @@ class Engine:
         if plan.is_empty and plan.failed:
             return
         scheduled = plan.scheduled
-        duration = self._step_time([e[1] for e in scheduled], [e[2] for e in scheduled],
-                                   plan.num_sampled, plan.swap_bytes)
+        step_time = self._continuation_step_time if plan.continuation else self._step_time
+        duration = step_time([e[1] for e in scheduled], [e[2] for e in scheduled],
+                             plan.num_sampled, plan.swap_bytes)
         if plan.num_drafting and self._draft_time is not None:
             # The drafter proposes the next drafts on the GPU within the step.
             duration += self._draft_time(plan.num_drafting, plan.drafting_context_tokens)

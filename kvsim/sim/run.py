@@ -21,6 +21,9 @@ def make_scheduler(name: str, config: SchedulerConfig):
         from kvsim.sched.chunked import ChunkedScheduler
         return ChunkedScheduler(config)
     if name == "continuous":
+        if config.num_scheduler_steps > 1:
+            from kvsim.sched.multistep import MultiStepScheduler
+            return MultiStepScheduler(config)
         from kvsim.sched.continuous import ContinuousScheduler
         return ContinuousScheduler(config)
     if name == "static":
