@@ -7,39 +7,50 @@ then WAITING ones, unless something was preempted in this step.
 
 This is the reference path: it follows ``vllm/v1/core/sched/scheduler.py``
 (0.33) rule by rule, and the golden traces of the real scheduler check it.
+Engine-time options (issue #13) live in their own modules and enter here as
+calls: two budgets (``budget.py``: ``max_num_scheduled_tokens``, draft
+slots), speculative decoding (``spec_decode.py``), async scheduling
+(``async_finish.py``).
 """
 
 from __future__ import annotations
 
+from kvsim.sched.async_finish import AsyncFinishing
 from kvsim.sched.base import DecodeRun, StepPlan, commit_scheduled, record_admission, sample_tokens
 from kvsim.sched.budget import StepBudget
 from kvsim.sched.config import SchedulerConfig
+from kvsim.sched.connector import KVConnector, KVTransfers
 from kvsim.sched.paged import PagedScheduler
 from kvsim.sched.queues import make_waiting_queue
 from kvsim.sched.request import Request, RequestStatus
 
 
+SKIP = "skip"          # try_admission: leave this request for a later step, try the next
 
-class ChunkedScheduler(PagedScheduler):
-    """vLLM V1 ``Scheduler`` in synchronous mode, with fake one-token outputs."""
 
-    def __init__(self, config: SchedulerConfig) -> None:
+class ChunkedScheduler(AsyncFinishing, PagedScheduler):
+    """vLLM V1 ``Scheduler`` in synchronous mode, with fake one-token outputs.
+
+    With a ``connector`` (sched/connector.py) some KV comes from outside the
+    GPU cache: a P/D prefill replica, offload tiers.
+    """
+
+    def __init__(self, config: SchedulerConfig, connector: KVConnector | None = None) -> None:
         super().__init__(config)
         self.waiting = make_waiting_queue(config.policy)
         # N2: vLLM sizes the watermark on all blocks, the null block included.
         self.watermark_blocks = int(config.watermark * config.num_gpu_blocks)
+        self.transfers = KVTransfers(connector) if connector is not None else None
         # Async scheduling: requests whose last token was sampled in the step
         # before, still holding their blocks until the next schedule() is made.
         self._finishing: list[Request] = []
         # Speculative decoding (kvsim.sched.spec_decode): drafts, and the KV
         # slots reserved past the scheduled tokens for the drafter.
-        spec = config.speculative
-        self._drafts = None
-        self._lookahead = 0
-        if spec is not None:
+        self._drafts = self._lookahead = None
+        if config.speculative is not None:
             from kvsim.sched.spec_decode import Drafts
-            self._drafts = Drafts(spec)
-            self._lookahead = spec.num_lookahead_tokens
+            self._drafts = Drafts(config.speculative)
+        self._lookahead = config.speculative.num_lookahead_tokens if self._drafts else 0
 
     # ------------------------------------------------------------ protocol
 
@@ -47,7 +58,14 @@ class ChunkedScheduler(PagedScheduler):
         self.waiting.add(req)
 
     def has_requests(self) -> bool:
-        return bool(self.running) or bool(len(self.waiting))
+        t = self.transfers
+        return (bool(self.running) or bool(len(self.waiting))
+                or (t is not None and bool(len(t) or t.num_sending)))
+
+    def get_request_counts(self) -> tuple[int, int]:
+        # vLLM's stats come after the step's outputs: a finished request is gone.
+        holding = len(self.transfers) if self.transfers is not None else 0
+        return len(self.running) - len(self._finishing), len(self.waiting) + holding
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
@@ -59,15 +77,11 @@ class ChunkedScheduler(PagedScheduler):
         commit_scheduled(plan)
         if self._drafts is not None:
             self._drafts.after_schedule(plan)
+        if self.transfers is not None:
+            plan.kv_wait_s = self.transfers.connector.step_wait_s(plan.scheduled)
         if self._finishing:
             self._release_finishing()
         return plan
-
-    def refresh_threshold(self) -> None:
-        """N4: the threshold only stops a long prefill starving *other* requests;
-        alone in the system, a request may use the whole budget."""
-        num_in_system = len(self.running) + len(self.waiting)
-        self._threshold = self.config.long_prefill_token_threshold if num_in_system > 1 else 0
 
     def new_budget(self) -> StepBudget:
         """This step's token and input budgets (kvsim.sched.budget)."""
@@ -76,20 +90,44 @@ class ChunkedScheduler(PagedScheduler):
         return StepBudget(cfg.max_num_scheduled_tokens or cfg.max_num_batched_tokens,
                           cfg.max_num_batched_tokens, slots)
 
+    def refresh_threshold(self) -> None:
+        """N4: the threshold only stops a long prefill starving *other* requests;
+        alone in the system, a request may use the whole budget."""
+        num_in_system = len(self.running) + len(self.waiting)
+        self._threshold = self.config.long_prefill_token_threshold if num_in_system > 1 else 0
+
     def update_from_output(self, plan: StepPlan, now: float) -> list[Request]:
-        """Every request whose chunk reached its last token samples one (S7)."""
-        if self._drafts is not None:
-            return self.finish_requests(self._verify(plan, now), now)
-        return self.finish_requests(sample_tokens(plan, now), now)
+        """Every request whose chunk reached its last token samples one (S7);
+        then the KV transfers that completed during the step are taken in."""
+        sampled = (sample_tokens(plan, now) if self._drafts is None
+                   else self._drafts.verify(plan, now, self.kv))
+        finished = self.finish_requests(sampled, now)
+        self._after_step(now)
+        return finished
 
     def finish_requests(self, finished: list[Request], now: float) -> list[Request]:
         if self.config.async_scheduling:
             return self._finish_after_next_schedule(finished, now)
         return super().finish_requests(finished, now)
 
-    def get_request_counts(self) -> tuple[int, int]:
-        # vLLM's stats come after the step's outputs, finished requests gone.
-        return len(self.running) - len(self._finishing), len(self.waiting)
+    # ------------------------------------------------------ KV connector
+
+    def _free_finished(self, req: Request) -> None:
+        t = self.transfers
+        if t is not None and t.connector.request_finished(req, list(self.kv.get_blocks(req.request_id))):
+            t.keep_for_sending(req)          # a reader still needs the blocks (finished_sending)
+        else:
+            self.kv.free(req)
+
+    def _after_step(self, now: float) -> None:
+        if self.transfers is not None:
+            for req in self.transfers.poll(now):
+                self.kv.free(req)
+
+    def next_wakeup_time(self) -> float:
+        if self.transfers is None:
+            return float("inf")
+        return self.transfers.connector.next_transfer_done_time()
 
     def pop_unschedulable(self) -> Request | None:
         return self.waiting.pop() if len(self.waiting) else None
@@ -129,15 +167,18 @@ class ChunkedScheduler(PagedScheduler):
         served): the run stops before that step.
         """
         cfg = self.config
-        if not len(self.waiting):
-            return max_steps
         budget = self.new_budget()
-        budget.take(len(self.running))          # one token per decode
-        if len(self.running) >= cfg.max_num_seqs or not budget.open:
+        budget.take(len(self.running))           # one token per decode
+        shut = len(self.running) >= cfg.max_num_seqs or not budget.open
+        if self.transfers is not None and not shut and self.transfers.may_change():
+            return 0                              # a request whose KV arrived may start
+        if not len(self.waiting) or shut:
             return max_steps
+        if self.transfers is not None:
+            return 0                              # its external hit may change: step
         head = self.waiting.peek()
         if self.try_admission(head, budget.room) is not None:
-            return 0
+            return 0                              # admitted now (or skipped: step anyway)
         if not self.kv.enable_caching or head.num_computed_tokens:
             return max_steps
         hits, _ = self.kv.get_computed_blocks(head)
@@ -190,7 +231,7 @@ class ChunkedScheduler(PagedScheduler):
         one slot stays free for the token this step samples.
         """
         if req.status is RequestStatus.FINISHED:
-            return 0                 # async scheduling: its last token is in flight (see below)
+            return 0                 # async scheduling: its last token is in flight
         computed = req.num_computed_tokens
         n = req.prompt_len + req.num_output_tokens - computed      # num_tokens - computed
         if self._drafts is not None:
@@ -245,98 +286,115 @@ class ChunkedScheduler(PagedScheduler):
         self.waiting.prepend(req)
         plan.preempted.append(req)
 
-    # --------------------------------------------------- async scheduling
-
-    def _finish_after_next_schedule(self, finished: list[Request], now: float) -> list[Request]:
-        """Async scheduling: the step's outputs are in, but the next step was scheduled before.
-
-        vLLM V1 with ``async_scheduling`` (``vllm/v1/engine/core.py``,
-        ``EngineCore.step_with_batch_queue``) schedules step N+1 while step N
-        runs, and applies N's outputs after that (``update_from_output``).
-        kvsim samples N's tokens now (what N+1's placeholders stand for) and
-        reports the finished requests, but they keep their running slot and
-        their blocks through the next ``schedule()``, which skips them: vLLM
-        does not schedule a request whose last token is in flight
-        (``Scheduler.schedule``: ``num_computed_tokens + 2 -
-        num_output_placeholders >= num_prompt_tokens + max_tokens``, or no
-        room left under ``max_model_len``). The next ``schedule()`` frees them
-        when it is done (``_release_finishing``).
-        """
-        for req in finished:
-            req.status = RequestStatus.FINISHED
-            req.finish_time = now
-        self._finishing += finished
-        return finished
-
-    def _release_finishing(self) -> None:
-        """After the schedule that skipped them: free the finished requests, in output order."""
-        for req in self._finishing:
-            self.running.remove(req)
-            self.kv.free(req)
-        self._finishing = []
-
-    def _preempt_finishing(self, req: Request, plan: StepPlan) -> None:
-        """P1 picked a request whose last token is in flight (async scheduling).
-
-        vLLM preempts it (its blocks are freed now, ``num_preemptions`` counts
-        it) and, as its stale output is kept (``drop_stale_output`` is False
-        without a KV connector), that output still finishes it: it never
-        goes back to the queue. The caller took it out of ``running``.
-        """
-        self._finishing.remove(req)
-        self.kv.free(req)
-        req.num_preemptions += 1
-        plan.preempted.append(req)
-
-    def _verify(self, plan: StepPlan, now: float) -> list[Request]:
-        """Speculative decoding's S7 (kvsim.sched.spec_decode), then the blocks
-        the accepted drafts filled are cached (``cache_blocks``)."""
-        finished = self._drafts.verify(plan, now)
-        for req, _, _ in plan.scheduled:
-            if req.num_computed_tokens:
-                self.kv.cache_blocks(req, req.num_computed_tokens)
-        return finished
-
     # ------------------------------------------------------------- waiting
 
-    def _schedule_waiting(self, plan: StepPlan, budget: StepBudget) -> StepBudget:
-        """S3-S5: admit from the waiting queue until a request does not fit."""
+    def _schedule_waiting(self, plan: StepPlan, budget: StepBudget) -> StepBudget | None:
+        """S3-S5: admit from the waiting queue until a request does not fit.
+
+        Requests that hold KV blocks (a connector's load, sched/connector.py)
+        are served first, as vLLM serves ``kv_holding_waiting``.
+        """
+        if self.transfers is not None and len(self.transfers):
+            budget = self._schedule_holding(plan, budget)
+            if budget is None:
+                return None
+        skipped = []
         while budget.open and len(self.waiting):
             if len(self.running) >= self.config.max_num_seqs:
                 break                               # TV9: the cap counts running requests
             req = self.waiting.peek()
             admission = self.try_admission(req, budget.room)
+            if admission is SKIP:
+                skipped.append(self.waiting.pop())
+                continue
             if admission is None:
                 break                               # TV10: head-of-line blocking
-            hits, num_hit, n = admission
-            self.kv.allocate_slots(req, n, num_hit, hits, num_lookahead_tokens=self._lookahead)
+            hits, num_hit, n, num_external, load_async = admission
+            self.kv.allocate_slots(req, n, num_hit, hits, num_external_computed_tokens=num_external,
+                                   delay_cache_blocks=load_async,
+                                   num_lookahead_tokens=0 if load_async else self._lookahead)
             self.waiting.pop()
+            if num_external:
+                self.transfers.connector.update_state_after_alloc(
+                    req, list(self.kv.get_blocks(req.request_id)), num_external)
+            if load_async:
+                self.transfers.start_load(req, num_hit + num_external)
+                continue
             self.running.append(req)
-            record_admission(plan, req, num_hit, n)
+            record_admission(plan, req, num_hit + num_external, n)
+            budget.take(n)
+        for req in reversed(skipped):               # skipped requests keep their order (N5)
+            self.waiting.prepend(req)
+        return budget
+
+    def _schedule_holding(self, plan: StepPlan, budget: StepBudget) -> StepBudget | None:
+        """Requests whose KV was loaded asynchronously, in the order they got their
+        blocks; None when the waiting queue must not be served in this step."""
+        t = self.transfers
+        for req in list(t.holding):
+            if not budget.open or len(self.running) >= self.config.max_num_seqs:
+                return None
+            arrived = t.ready(req)
+            if arrived is None:
+                continue                            # still loading: skipped this step
+            if arrived:
+                self.kv.cache_blocks(req, arrived)  # cached once the KV is there
+            n = self._prefill_chunk(req, req.num_computed_tokens, budget.room)
+            cfg = self.config
+            fit = min(req.num_tokens, cfg.max_model_len) if cfg.scheduler_reserve_full_isl else None
+            if n is None or not self._can_admit(req, n, req.num_computed_tokens, [], fit):
+                return None
+            self.kv.allocate_slots(req, n, num_lookahead_tokens=self._lookahead)
+            t.holding.remove(req)
+            self.running.append(req)
+            record_admission(plan, req, req.num_computed_tokens, n)
             budget.take(n)
         return budget
 
-    def try_admission(self, req: Request, budget: int) -> tuple[list[int], int, int] | None:
-        """(prefix-hit blocks, hit tokens, chunk) if ``req`` can be admitted now, else None.
-
-        Read-only: the lookup (H3, H4) and the fit checks (S4, N1, N2), not the
-        allocation.
-        """
-        cfg = self.config
-        if req.num_computed_tokens == 0:
-            hits, num_hit = self.kv.get_computed_blocks(req)
-        else:
-            hits, num_hit = [], req.num_computed_tokens
-        n = req.num_tokens - num_hit
+    def _prefill_chunk(self, req: Request, num_computed: int, budget: int) -> int | None:
+        """S4: the chunk a waiting request gets: the rest of its tokens, cut to the
+        threshold and the budget; None when chunking is off and it does not fit."""
+        n = req.num_tokens - num_computed
         if 0 < self._threshold < n:
             n = self._threshold
-        if not cfg.enable_chunked_prefill and n > budget:
+        if not self.config.enable_chunked_prefill and n > budget:
             return None                             # S4 [new]: break, do not skip
-        n = min(n, budget)
+        return min(n, budget)
+
+    def try_admission(self, req: Request, budget: int):
+        """What admitting ``req`` now would do, or None (it does not fit: the queue
+        stops here), or ``SKIP`` (a connector cannot tell yet: try the next one).
+
+        Returns (prefix-hit blocks, hit tokens, chunk, external tokens, load
+        asynchronously). Read-only: the lookups (H3, H4, the connector's) and
+        the fit checks (S4, N1, N2), not the allocation.
+        """
+        cfg = self.config
+        num_external, load_async = 0, False
+        if req.num_computed_tokens == 0:
+            hits, num_hit = self.kv.get_computed_blocks(req)
+            if self.transfers is not None:
+                num_external, load_async = self.transfers.connector.get_num_new_matched_tokens(req, num_hit)
+                if num_external is None:
+                    return SKIP
+                if num_hit + num_external > req.num_tokens:
+                    raise ValueError(f"KV connector: {num_external} external tokens past a hit of "
+                                     f"{num_hit} for request {req.request_id} of {req.num_tokens} "
+                                     f"tokens")
+                load_async = load_async and num_external > 0
+        else:
+            hits, num_hit = [], req.num_computed_tokens
+        num_computed = num_hit + num_external
+        if load_async:
+            n = 0                                   # no work until the KV has arrived
+        else:
+            n = self._prefill_chunk(req, num_computed, budget)
+            if n is None:
+                return None
         fit = min(req.num_tokens, cfg.max_model_len) if cfg.scheduler_reserve_full_isl else None
-        if not self._can_admit(req, n, num_hit, hits, fit):
+        if not self._can_admit(req, n, num_computed, hits, fit):
             return None
-        return hits, num_hit, n
+        return hits, num_hit, n, num_external, load_async
 
     def _can_admit(self, req: Request, n: int, num_hit: int, hits: list[int],
                    full_tokens: int | None) -> bool:
@@ -353,7 +411,8 @@ class ChunkedScheduler(PagedScheduler):
         if full_tokens is not None:
             if kv.num_blocks_to_allocate(req, full_tokens, hits) + wm > free:
                 return False
-        need = min(num_hit + n + self._lookahead, self.config.max_model_len)
+        # Lookahead slots come with work to do (none for an asynchronous load, n = 0).
+        need = min(num_hit + n + (self._lookahead if n else 0), self.config.max_model_len)
         return kv.num_blocks_to_allocate(req, need, hits) + wm <= free
 
 

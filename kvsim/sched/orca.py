@@ -83,6 +83,9 @@ class OrcaScheduler:
     def prefix_hit_blocks(self, block_hashes) -> int:
         return 0                                  # no prefix cache
 
+    def next_wakeup_time(self) -> float:
+        return float("inf")                       # nothing happens outside the steps
+
     def pop_unschedulable(self) -> Request | None:
         return self.waiting.pop() if len(self.waiting) else None
 

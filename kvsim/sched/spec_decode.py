@@ -167,12 +167,13 @@ class Drafts:
             context += ctx + n
         plan.num_drafting, plan.drafting_context_tokens = drafting, context
 
-    def verify(self, plan: StepPlan, now: float) -> list[Request]:
+    def verify(self, plan: StepPlan, now: float, kv) -> list[Request]:
         """S7 with drafts: each sampling request gains 1 + accepted tokens at ``now``.
 
         Rejected drafts roll ``num_computed_tokens`` back; a request cut at
         its final length finishes. Requests that sampled and go on get K new
-        drafts. Returns the finished requests (not yet freed).
+        drafts; the blocks accepted tokens filled are cached (``kv.cache_blocks``).
+        Returns the finished requests (not yet freed).
         """
         finished = []
         generated = 0
@@ -193,6 +194,7 @@ class Drafts:
             if out == 0:
                 req.first_token_time = now
             generated += new
+            kv.cache_blocks(req, req.num_computed_tokens)
             if req.num_tokens >= req.final_num_tokens:
                 finished.append(req)
                 self.forget(req)

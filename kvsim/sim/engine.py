@@ -237,20 +237,22 @@ class Engine:
         return bool(reqs)
 
     def _run_times(self, run: DecodeRun) -> tuple[list[float], list[float]]:
-        """Boundaries and durations of the run's steps that start before the next input.
+        """Boundaries and durations of the run's steps that start before the next input
+        (or a KV transfer's completion, sched/connector.py).
 
         With async scheduling the step due when that input arrives was already
         scheduled without it (kvsim.sim.inbox), so it is part of the run too;
         a request held back in the inbox is seen by the step after the next.
         """
         n, context = run.num_seqs, run.context_token_sum
+        until = min(self._next_input_time(), self.scheduler.next_wakeup_time())
         if run.continuation:
             # The rest of a multi-step window: no arrival changes it, but one is
             # still recorded as waiting from the next step on, so it ends the run.
-            return self._continuation_run_times(n, context, self.env.now, run.max_steps,
-                                                self._next_input_time())
+            return self._continuation_run_times(n, context, self.env.now, run.max_steps, until)
         ahead = self._inbox.scheduled_ahead
-        until = self.env.now if ahead and len(self._inbox) else self._next_input_time()
+        if ahead and len(self._inbox):
+            until = self.env.now
         times, durations = self._decode_run_times(n, context, self.env.now, run.max_steps, until)
         if ahead and len(durations) < run.max_steps:
             more_times, more = self._decode_run_times(n, context + n * len(durations), times[-1],
@@ -259,10 +261,14 @@ class Engine:
             durations += more
         return times, durations
 
-    def _sleep(self):
+    def _sleep(self, until: float | None = None):
+        """Until a request is submitted, or the time ``until``."""
         self._inbox.nothing_ahead()
-        self._wake = self.env.event()
-        yield self._wake
+        wake = self._wake = self.env.event()
+        if until is not None:
+            AtTime(self.env, max(until, self.env.now)).callbacks.append(
+                lambda _e: None if wake.triggered else wake.succeed())
+        yield wake
         self._wake = None
 
     def _step(self):
@@ -295,10 +301,17 @@ class Engine:
             self._on_done(req)
         if plan.is_empty and plan.failed:
             return
+        if plan.is_empty and sched.next_wakeup_time() < math.inf:
+            # Only KV transfers are pending (sched/connector.py): vLLM's engine
+            # core polls with empty steps; kvsim waits for the completion (or a
+            # submit) and records no step.
+            yield from self._sleep(until=sched.next_wakeup_time())
+            sched.update_from_output(plan, env.now)
+            return
         scheduled = plan.scheduled
         step_time = self._continuation_step_time if plan.continuation else self._step_time
         duration = step_time([e[1] for e in scheduled], [e[2] for e in scheduled],
-                             plan.num_sampled, plan.swap_bytes)
+                             plan.num_sampled, plan.swap_bytes) + plan.kv_wait_s
         if plan.num_drafting and self._draft_time is not None:
             # The drafter proposes the next drafts on the GPU within the step.
             duration += self._draft_time(plan.num_drafting, plan.drafting_context_tokens)
