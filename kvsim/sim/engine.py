@@ -30,10 +30,11 @@ from dataclasses import dataclass, replace
 
 import simpy
 
-from kvsim.cost.base import CostModel, decode_run_function, step_time_function
+from kvsim.cost.base import CostModel
 from kvsim.sched.base import DecodeRun, Scheduler, StepPlan
 from kvsim.sched.request import Request, RequestStatus
 from kvsim.sim.client import stream_interval_times
+from kvsim.sim.costing import StepCosts
 from kvsim.sim.frontend import AtTime
 from kvsim.sim.inbox import Inbox
 from kvsim.sim.steplog import StepLog
@@ -104,15 +105,9 @@ class Engine:
         self.name = name
         self.scheduler = scheduler
         self.cost_model = cost_model
-        # vLLM V1 async scheduling: step N+1 is scheduled while step N runs (kvsim.sim.inbox),
-        # so the CPU part of a step overlaps the GPU part of another (kvsim.cost.base).
+        # vLLM V1 async scheduling: step N+1 is scheduled while step N runs (kvsim.sim.inbox).
         self.async_scheduling = async_scheduling
-        self._step_time = step_time_function(cost_model, overlap_cpu=async_scheduling)
-        self._decode_run_times = decode_run_function(cost_model, overlap_cpu=async_scheduling)
-        self._draft_time = getattr(cost_model, "draft_step_time", None)   # speculative decoding
-        # vLLM 0.6 multi-step: a window's later steps skip scheduling and input preparation.
-        self._continuation_step_time = step_time_function(cost_model, continuation=True)
-        self._continuation_run_times = decode_run_function(cost_model, continuation=True)
+        self._costs = StepCosts(cost_model, async_scheduling=async_scheduling)
         self.make_request = make_request
         self.check_request = check_request
         self.trace = trace
@@ -237,29 +232,20 @@ class Engine:
         return bool(reqs)
 
     def _run_times(self, run: DecodeRun) -> tuple[list[float], list[float]]:
-        """Boundaries and durations of the run's steps that start before the next input
-        (or a KV transfer's completion, sched/connector.py).
+        """The run's steps that start before the next input (or KV transfer, sched/connector.py).
 
         With async scheduling the step due when that input arrives was already
-        scheduled without it (kvsim.sim.inbox), so it is part of the run too;
-        a request held back in the inbox is seen by the step after the next.
+        scheduled without it (kvsim.sim.inbox), so it is part of the run too,
+        and a request held back in the inbox is seen by the step after the
+        next. The rest of a multi-step window is not changed by an arrival,
+        but the arrival is recorded as waiting from the next step on: it ends
+        the run too.
         """
-        n, context = run.num_seqs, run.context_token_sum
         until = min(self._next_input_time(), self.scheduler.next_wakeup_time())
-        if run.continuation:
-            # The rest of a multi-step window: no arrival changes it, but one is
-            # still recorded as waiting from the next step on, so it ends the run.
-            return self._continuation_run_times(n, context, self.env.now, run.max_steps, until)
-        ahead = self._inbox.scheduled_ahead
+        ahead = self._inbox.scheduled_ahead and not run.continuation
         if ahead and len(self._inbox):
             until = self.env.now
-        times, durations = self._decode_run_times(n, context, self.env.now, run.max_steps, until)
-        if ahead and len(durations) < run.max_steps:
-            more_times, more = self._decode_run_times(n, context + n * len(durations), times[-1],
-                                                      1, math.inf)
-            times += more_times[1:]
-            durations += more
-        return times, durations
+        return self._costs.run(run, self.env.now, until, one_more=ahead)
 
     def _sleep(self, until: float | None = None):
         """Until a request is submitted, or the time ``until``."""
@@ -308,13 +294,7 @@ class Engine:
             yield from self._sleep(until=sched.next_wakeup_time())
             sched.update_from_output(plan, env.now)
             return
-        scheduled = plan.scheduled
-        step_time = self._continuation_step_time if plan.continuation else self._step_time
-        duration = step_time([e[1] for e in scheduled], [e[2] for e in scheduled],
-                             plan.num_sampled, plan.swap_bytes) + plan.kv_wait_s
-        if plan.num_drafting and self._draft_time is not None:
-            # The drafter proposes the next drafts on the GPU within the step.
-            duration += self._draft_time(plan.num_drafting, plan.drafting_context_tokens)
+        duration = self._costs.step(plan)
         yield env.timeout(duration)
         finished = sched.update_from_output(plan, env.now)
         self._record(plan, finished, start, duration)
