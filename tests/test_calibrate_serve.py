@@ -148,4 +148,4 @@ def test_the_vllm_v1_preset_is_the_fit_to_the_rtx4090_run_and_predicts_the_other
         assert fit.values[term] == pytest.approx(getattr(preset, term), rel=1e-5), term
     held_out = fit.errors["rtxpro6000"]
     assert held_out["tpot"]["median_ape"] < 3.0 and held_out["e2e"]["median_ape"] < 3.0
-    assert held_out["ttft"]["median_ape"] < 8.0     # 5.5%: docs/cost_models.md says why not < 5
+    assert held_out["ttft"]["median_ape"] < 8.0     # 7.2%: docs/cost_models.md says why not < 5

@@ -67,7 +67,7 @@ BAD = [
     ("fractional block size", [("engine.block_size", 4.5)],
      ["engine.block_size: got 4.5", "valid integer"]),
     ("unknown scheduler", [("engine.scheduler", "fifo")],
-     ["engine.scheduler: got 'fifo'", "'chunked', 'continuous' or 'static'"]),
+     ["engine.scheduler: got 'fifo'", "'chunked', 'continuous', 'static', 'simple_chunking' or 'orca'"]),
     ("unknown gpu", [("hardware.gpu", "nope")], ["hardware.gpu: unknown GPU 'nope'", "h100-sxm"]),
     ("unknown model", [("model", "nope")], ["model: unknown model 'nope'", "llama-3.1-8b"]),
     ("unknown cost model", [("cost_model", {"type": "magic"})],

@@ -75,8 +75,12 @@ def replay(run: ServingRun, requests_file: Path, preset: str | None,
     from kvsim.scenario.simulate import simulate
     res = simulate(replay_scenario(run, requests_file, preset, values)).requests
     res = res.assign(idx=res["request_id"].astype(int)).set_index("idx").sort_index()
-    out = pd.DataFrame({"ttft_s": (res["first_token_time_s"] - res["arrival_time_s"]).to_numpy(),
-                        "e2e_s": (res["finish_time_s"] - res["arrival_time_s"]).to_numpy()})
+    # Latencies from when the client sent the request (vllm bench serve), or from
+    # when the engine core took it in (LLMServingSim's queued_ts).
+    origin = res["queued_time_s" if run.measured.attrs.get("latency_origin") == "queued"
+                 else "arrival_time_s"]
+    out = pd.DataFrame({"ttft_s": (res["first_token_time_s"] - origin).to_numpy(),
+                        "e2e_s": (res["finish_time_s"] - origin).to_numpy()})
     n_out = res["num_output_tokens"].to_numpy()
     out["tpot_s"] = np.where(n_out > 1, (out["e2e_s"] - out["ttft_s"]) / np.maximum(n_out - 1, 1),
                              np.nan)

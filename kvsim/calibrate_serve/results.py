@@ -15,7 +15,9 @@ read from either
 * or an LLMServingSim ``vllm_serving_bench`` ``requests.jsonl`` (one object a
   line: ``arrival_time`` wall clock, ``input_toks``, ``output_toks``,
   ``queued_ts``, ``first_token_ts``, ``last_token_ts`` engine clock):
-  arrival gaps from ``arrival_time``, latencies from ``queued_ts``.
+  arrival gaps from ``arrival_time``, latencies from ``queued_ts``, when the
+  engine core took the request in (its ``QUEUED`` event), which the replay
+  compares with kvsim's ``queued_time_s`` (``measured.attrs["latency_origin"]``).
 
 TPOT is ``vllm bench serve``'s: ``(e2e - ttft) / (output_len - 1)`` for
 requests of more than one output token. Failed requests are left out.
@@ -83,8 +85,10 @@ def read_llmservingsim(path: Path) -> pd.DataFrame:
                                  f"line has {', '.join(LLMSERVINGSIM_KEYS)}")
         rows.append(row)
     df = pd.DataFrame(rows)
-    return _frame(df["arrival_time"], df["input_toks"], df["output_toks"],
-                  df["first_token_ts"] - df["queued_ts"], df["last_token_ts"] - df["queued_ts"])
+    out = _frame(df["arrival_time"], df["input_toks"], df["output_toks"],
+                 df["first_token_ts"] - df["queued_ts"], df["last_token_ts"] - df["queued_ts"])
+    out.attrs["latency_origin"] = "queued"
+    return out
 
 
 def read_results(path: str | Path) -> pd.DataFrame:

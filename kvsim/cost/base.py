@@ -7,6 +7,7 @@ into seconds. The cost model never sees blocks or request ids (DESIGN.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Protocol
 
 import numpy as np
@@ -97,14 +98,21 @@ class ConstantCostModel:
 StepTimeFunction = Callable[[list, list, int, int], float]
 
 
-def step_time_function(cost_model: CostModel) -> StepTimeFunction:
+def step_time_function(cost_model: CostModel, *, overlap_cpu: bool = False,
+                       continuation: bool = False) -> StepTimeFunction:
     """How the engine should cost a step it holds as lists of ints.
 
     The model's ``step_time_from_lists`` if it has one (no numpy arrays per
     step), else ``step_time`` on the equivalent ``BatchShape``. Both give the
-    same seconds.
+    same seconds. ``overlap_cpu`` (``engine.async_scheduling``): the engine's
+    CPU time overlaps the GPU's, for models that keep the two apart
+    (``separates_cpu_time``); any other model has no CPU part to overlap.
+    ``continuation``: a multi-step window's later steps, which pay only the
+    per-sampled-token CPU time (``StepCostModel.step_time_from_lists``).
     """
     fast = getattr(cost_model, "step_time_from_lists", None)
+    if (overlap_cpu or continuation) and getattr(cost_model, "separates_cpu_time", False):
+        return partial(fast, overlap_cpu=overlap_cpu, continuation=continuation)
     if fast is not None:
         return fast
 
@@ -118,13 +126,17 @@ def step_time_function(cost_model: CostModel) -> StepTimeFunction:
 DecodeRunFunction = Callable[[int, int, float, int, float], tuple[list, list]]
 
 
-def decode_run_function(cost_model: CostModel) -> DecodeRunFunction:
+def decode_run_function(cost_model: CostModel, *, overlap_cpu: bool = False,
+                        continuation: bool = False) -> DecodeRunFunction:
     """How the fast path should cost a run of decode steps (see ``StepCostModel.decode_run_times``).
 
     The model's ``decode_run_times`` if it has one, else ``decode_step_times``
     in growing windows: the same seconds, added up the same way.
+    ``overlap_cpu`` and ``continuation`` as for ``step_time_function``.
     """
     fast = getattr(cost_model, "decode_run_times", None)
+    if (overlap_cpu or continuation) and getattr(cost_model, "separates_cpu_time", False):
+        return partial(fast, overlap_cpu=overlap_cpu, continuation=continuation)
     if fast is not None:
         return fast
 

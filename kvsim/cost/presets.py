@@ -108,15 +108,16 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
                        "replay graphs (_use_captured_graph); prefill and mixed batches eager"}),
     Preset(
         "vllm-v1", "vLLM V1 engine (0.8 - 0.33), FULL_AND_PIECEWISE CUDA graphs",
-        EngineOverhead(step_s=0.496499e-3, per_request_s=12.3258e-6,
-                       per_prefill_request_s=0.268650e-3, eager_launch_s_per_layer=_VIDUR_LAUNCH_S,
+        EngineOverhead(step_s=0.674004e-3, per_request_s=10.7074e-6,
+                       per_prefill_request_s=0.234754e-3, eager_launch_s_per_layer=_VIDUR_LAUNCH_S,
                        piecewise_launch_s_per_layer=_VIDUR_LAUNCH_S / 4),
         "full_and_piecewise", "vllm-v1",
         {"step_s, per_request_s, per_prefill_request_s":
              "kvsim calibrate serve scenarios/calibrate_serve/llmservingsim.manifest.yaml: fitted to "
-             "LLMServingSim's vLLM 0.19 RTX 4090 run (Llama-3.1-8B, 300 requests), the RTX PRO "
-             "6000 run held out; vLLM 0.19 runs with async_scheduling, so these are the CPU "
-             "time that does not overlap the GPU",
+             "LLMServingSim's vLLM 0.19 RTX 4090 run (Llama-3.1-8B, 300 requests; latencies "
+             "from the engine's queued_ts), the RTX PRO 6000 run held out; replayed "
+             "synchronously although vLLM 0.19 ran with async_scheduling, so these are the "
+             "CPU time that did not overlap the GPU (docs/engine.md, Async scheduling)",
          "tp_hop_s": "0: no TP serving run of a catalog model is published with the data here "
                      "(V1's multiprocessing executor broadcasts each step through shared memory)",
          "eager_launch_s_per_layer": "Vidur cpu_overheads/a100.csv forward CPU time per layer "
@@ -128,8 +129,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
                        "vllm/v1/cudagraph_dispatcher.py dispatch"}),
     Preset(
         "sglang-0.4", "SGLang 0.4 (decode CUDA graphs up to batch 160, eager extend)",
-        EngineOverhead(step_s=0.496499e-3, per_request_s=12.3258e-6,
-                       per_prefill_request_s=0.268650e-3, eager_launch_s_per_layer=_VIDUR_LAUNCH_S),
+        EngineOverhead(step_s=0.674004e-3, per_request_s=10.7074e-6,
+                       per_prefill_request_s=0.234754e-3, eager_launch_s_per_layer=_VIDUR_LAUNCH_S),
         "full_decode_only", "sglang-0.4",
         {"step_s, per_request_s, per_prefill_request_s, eager_launch_s_per_layer":
              "borrowed from vllm-v1: no CPU timings or serving runs of SGLang are published "

@@ -92,6 +92,8 @@ class StepCostModel:
     # The engine's time outside the kernels (overhead.py); None: ``overhead``
     # above is the whole engine part and no CUDA graphs are modelled.
     engine: EngineTiming | None = None
+    # Speculative decoding's drafter (kvsim.cost.spec_decode.DraftCost), or None.
+    draft: object = None
 
     def __post_init__(self) -> None:
         sh = self.shapes
@@ -121,6 +123,14 @@ class StepCostModel:
         """The same GPU model with another engine part."""
         return dataclasses.replace(self, engine=engine)
 
+    def with_draft(self, draft) -> "StepCostModel":
+        """The same model with a speculative-decoding drafter (kvsim.cost.spec_decode)."""
+        return dataclasses.replace(self, draft=draft)
+
+    def draft_step_time(self, num_seqs: int, context_token_sum: int) -> float:
+        """Seconds the drafter adds to a step in which ``num_seqs`` requests get drafts."""
+        return 0.0 if self.draft is None else self.draft.step_time(num_seqs, context_token_sum)
+
     # ------------------------------------------------------------ public API
 
     def step_time(self, batch: BatchShape) -> float:
@@ -128,12 +138,24 @@ class StepCostModel:
                                          batch.num_context_tokens.tolist(),
                                          int(batch.num_sampled), batch.swap_bytes)
 
+    # The engine part is separate from the kernels, so the engine may overlap them
+    # (``engine.async_scheduling``; kvsim.cost.base.step_time_function).
+    separates_cpu_time = True
+
     def step_time_from_lists(self, num_new_tokens: list[int], num_context_tokens: list[int],
-                             num_sampled: int, swap_bytes: int = 0) -> float:
+                             num_sampled: int, swap_bytes: int = 0,
+                             overlap_cpu: bool = False, continuation: bool = False) -> float:
         """``step_time`` of the step ``BatchShape.from_lists`` would describe, without numpy.
 
         The engine's per-step entry point: a batch of a few dozen requests
         costs a few microseconds as Python ints, several times that as arrays.
+        ``overlap_cpu``: the step's CPU work (its launches and the engine's
+        serial part) runs while the GPU runs another step's kernels, as under
+        vLLM V1's async scheduling, so a step takes ``max(kernels, launch +
+        cpu)`` instead of ``max(kernels, launch) + cpu`` (``_combine``).
+        ``continuation``: a step of a multi-step window after its first
+        (vLLM 0.6 ``--num-scheduler-steps``), which neither schedules nor
+        prepares inputs: only the per-sampled-token CPU time is paid.
         """
         num_requests = len(num_new_tokens)
         num_tokens = sum(num_new_tokens)
@@ -164,13 +186,13 @@ class StepCostModel:
             t += self._decode_attention_time_scalar(num_decode, float(decode_context), True)
         t += self._allreduce_time(run_tokens)
         t *= self._gpu_scale
-        if launch > t:          # the GPU waits for the CPU to launch its kernels
-            t = launch
-        t += self._cpu_time(num_requests, num_requests - num_decode, num_sampled)
+        t = _combine(t, launch, self._cpu_time(num_requests, num_requests - num_decode, num_sampled,
+                                               continuation), overlap_cpu)
         t += self.swap_sec_per_byte * swap_bytes
         return t
 
-    def decode_step_times(self, num_seqs: int, context_token_sums: np.ndarray) -> np.ndarray:
+    def decode_step_times(self, num_seqs: int, context_token_sums: np.ndarray,
+                          overlap_cpu: bool = False) -> np.ndarray:
         # The same operations, in the same order, as step_time on an all-decode
         # batch, so that the two agree bit for bit (the fast path relies on it).
         run_tokens, launch = self._decode_run_shape(num_seqs)
@@ -187,18 +209,22 @@ class StepCostModel:
             out = []
             for s in sums:
                 g = (linear + attn(num_seqs, float(s)) + allreduce) * scale
-                out.append((g if g >= launch else launch) + cpu)
+                out.append(_combine(g, launch, cpu, overlap_cpu))
             return np.array(out, dtype=float)
         t = self._decode_attention_times(num_seqs, np.array(context_token_sums, dtype=float))
         t += linear
         t += allreduce
         t *= scale
-        np.maximum(t, launch, out=t)
-        t += cpu
+        if overlap_cpu:
+            np.maximum(t, launch + cpu, out=t)
+        else:
+            np.maximum(t, launch, out=t)
+            t += cpu
         return t
 
     def decode_run_times(self, num_seqs: int, context_token_sum: int, start: float,
-                         max_steps: int, until: float) -> tuple[list[float], list[float]]:
+                         max_steps: int, until: float, overlap_cpu: bool = False,
+                         continuation: bool = False) -> tuple[list[float], list[float]]:
         """Boundaries and durations of consecutive decode steps from ``start`` (fast path).
 
         Step k (0-based) decodes one token for each of ``num_seqs`` requests
@@ -212,7 +238,7 @@ class StepCostModel:
         run_tokens, launch = self._decode_run_shape(num_seqs)
         linear = self._linear_time(run_tokens, num_seqs)
         allreduce = self._allreduce_time(run_tokens)
-        cpu = self._cpu_time(num_seqs, 0, num_seqs)
+        cpu = self._cpu_time(num_seqs, 0, num_seqs, continuation)
         scale = self._gpu_scale
         spf, spb, floor_s, const_s, spt = self._decode_coef
         fpp, kvb = self._decode_flops_per_pair, self._kv_bytes_per_token_layer
@@ -228,10 +254,8 @@ class StepCostModel:
             keys = float(context) + n
             per_layer = max(spf * (keys * fpp), spb * ((keys + n) * kvb + q_bytes), floor_s) \
                 + const_s + per_seq
-            d = (linear + num_layers * per_layer + allreduce) * scale
-            if d < launch:
-                d = launch
-            d += cpu
+            d = _combine((linear + num_layers * per_layer + allreduce) * scale, launch, cpu,
+                         overlap_cpu)
             t += d
             times.append(t)
             durations.append(d)
@@ -364,8 +388,11 @@ class StepCostModel:
         ring_bytes = self._ring_factor * num_tokens * self.shapes.allreduce_bytes_per_token
         return calls * (self.allreduce.sec_per_byte * ring_bytes + self.allreduce.const_s)
 
-    def _cpu_time(self, num_requests: int, num_prefill: int, num_sampled: int) -> float:
+    def _cpu_time(self, num_requests: int, num_prefill: int, num_sampled: int,
+                  continuation: bool = False) -> float:
         """The engine's serial CPU time of a step (``overhead.EngineOverhead``)."""
+        if continuation:
+            return self._per_sampled_s * num_sampled
         return (self._fixed_cpu_s + self._per_request_s * num_requests
                 + self._per_prefill_s * num_prefill + self._per_sampled_s * num_sampled)
 
@@ -381,6 +408,21 @@ class StepCostModel:
 # with numpy (measured on W1: the loop costs ~1 µs a step, numpy ~25-40 µs a
 # call; the fast path asks for one step, then windows of 16 and more).
 _SCALAR_DECODE_RUN = 32
+
+
+def _combine(kernels: float, launch: float, cpu: float, overlap_cpu: bool) -> float:
+    """A step's seconds from its GPU time, its launch time and the engine's CPU time (overhead.py).
+
+    Synchronous: the launches overlap the kernels, the CPU work comes after
+    (``max(kernels, launch) + cpu``). Overlapped (vLLM V1 async scheduling,
+    ``vllm/v1/engine/core.py`` ``EngineCore.step_with_batch_queue``: step N+1
+    is scheduled, prepared and launched while step N runs): the period is
+    whichever is longer, the GPU's kernels or the CPU's launches and work.
+    """
+    if overlap_cpu:
+        host = launch + cpu
+        return kernels if kernels >= host else host
+    return (kernels if kernels >= launch else launch) + cpu
 
 
 def _decode_terms(c: OpCoefficients) -> tuple[float, float, float, float, float]:

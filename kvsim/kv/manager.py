@@ -161,8 +161,9 @@ class KVCacheManager:
         return new_blocks
 
     def cache_blocks(self, req, num_computed_tokens: int) -> None:
-        """A4 for blocks whose KV arrived late (an asynchronous load): hash the
-        request's blocks that ``num_computed_tokens`` fill."""
+        """A4 for blocks whose KV arrived late (an asynchronous load), or that
+        accepted draft tokens filled (speculative decoding: vLLM caches them in
+        ``update_from_output``): hash the blocks ``num_computed_tokens`` fill."""
         self._cache_full_blocks(req, self.req_to_blocks[req.request_id],
                                 min(num_computed_tokens, req.num_tokens))
 

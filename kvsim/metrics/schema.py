@@ -7,6 +7,7 @@
 REQUEST_COLUMNS = [
     "request_id",            # str
     "arrival_time_s",        # when the request reached the engine
+    "queued_time_s",         # when the engine core took it in (vLLM's QUEUED event; NaN if refused)
     "scheduled_time_s",      # start of the first step that scheduled it (NaN if never)
     "first_token_time_s",    # end of the step that produced its first output token (NaN if none)
     "finish_time_s",         # end of the step that produced its last token, or when it failed

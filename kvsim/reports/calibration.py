@@ -336,6 +336,8 @@ def write_report(out: Path, *, root: Path, profile_dir: Path = PROFILE_DIR, figu
                   "(held-out median APE ~12% on mixed steps, `mixed_attention` in the profile's "
                   "errors; it was 35% with pure-decode coefficients). The Vidur-based profiles "
                   "have no mixed-step data and charge mixed decodes like pure ones.", ""]
+    from kvsim.calibrate_serve.report import engine_time_section
+    lines += [*engine_time_section(root, replay=replay), ""]
     lines += [
         "## Measurement harness",
         "",

@@ -131,9 +131,12 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
             f"engine.max_model_len: got {max_model_len}; one request of that length needs "
             f"{-(-max_model_len // eng.block_size)} blocks but the KV cache has {num_gpu_blocks - 1} "
             f"usable blocks ({token_capacity} tokens); lower it or give the cache more memory")
-    # The continuous (V0) scheduler never chunks a prefill.
-    chunking = eng.enable_chunked_prefill and eng.scheduler != "continuous"
-    if not chunking and eng.scheduler != "static":
+    notes += _check_baseline_scheduler(eng)
+    _check_engine_loop(eng)
+    speculative = _speculative_config(eng, sc.seed, base, max_num_batched_tokens)
+    # The continuous (V0) scheduler never chunks a prefill; orca runs prompts whole, with no budget.
+    chunking = eng.enable_chunked_prefill and eng.scheduler not in ("continuous", "orca")
+    if not chunking and eng.scheduler not in ("static", "orca"):
         if eng.max_num_batched_tokens is None:
             max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)   # V0 default (V7)
         elif max_num_batched_tokens < max_model_len:
@@ -145,19 +148,26 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
         raise ScenarioError("engine.preemption_mode: got 'swap'; the chunked (vLLM V1) scheduler "
                             "only preempts by recompute; allowed: recompute (swap needs "
                             "scheduler: continuous)")
+    # V0 and the Sarathi artifact keep 1% of the blocks free at admission.
     watermark = eng.watermark if eng.watermark is not None else (
-        0.01 if eng.scheduler == "continuous" else 0.0)
+        0.01 if eng.scheduler in ("continuous", "simple_chunking") else 0.0)
     block_bytes = model.kv_bytes_per_block(eng.block_size, eng.kv_cache_dtype, tp)
     sched_config = SchedulerConfig(
         num_gpu_blocks=num_gpu_blocks, block_size=eng.block_size, max_model_len=max_model_len,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        enable_prefix_caching=eng.enable_prefix_caching,
+        enable_prefix_caching=(eng.enable_prefix_caching
+                               and eng.scheduler not in ("simple_chunking", "orca")),
         enable_chunked_prefill=eng.enable_chunked_prefill,
         long_prefill_token_threshold=eng.long_prefill_token_threshold, policy=eng.policy,
         scheduler_reserve_full_isl=eng.scheduler_reserve_full_isl, watermark=watermark,
         preemption_mode=eng.preemption_mode or "recompute",
         num_cpu_blocks=int(eng.swap_space * GIB) // block_bytes,
-        swap_block_bytes=block_bytes, debug=eng.debug)
+        swap_block_bytes=block_bytes, debug=eng.debug, stream_interval=eng.stream_interval,
+        async_scheduling=eng.async_scheduling,
+        max_num_scheduled_tokens=eng.max_num_scheduled_tokens,
+        num_scheduler_steps=eng.num_scheduler_steps,
+        speculative=speculative,
+        orca_reservation=eng.orca_reservation or "max")
     knobs = EngineKnobs(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         enforce_eager=eng.enforce_eager,
                         cudagraph_capture_sizes=(tuple(eng.cudagraph_capture_sizes)
@@ -170,12 +180,111 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
     try:
         cost_model = build_cost_model(cost_config, model=model, gpu=gpu, tp=tp,
                                       kv_cache_dtype=eng.kv_cache_dtype, engine=knobs)
+        if speculative is not None and hasattr(cost_model, "with_draft"):
+            from kvsim.cost.spec_decode import draft_cost
+            cost_model = cost_model.with_draft(draft_cost(speculative, model, gpu, tp,
+                                                          eng.kv_cache_dtype, load_model))
     except (ValueError, FileNotFoundError) as exc:
         msg = str(exc)
         raise ScenarioError(msg if msg.startswith(("cost_model", "engine."))
                             else f"cost_model: {msg}") from None
     return LoadedScenario(sc, data, base, model, gpu, tp, capacity, sched_config, cost_model, workload,
                           tuple(notes))
+
+
+def _speculative_config(eng, seed: int, base: Path, max_num_batched_tokens: int):
+    """``engine.speculative_config`` resolved (kvsim.sched.spec_decode), or None."""
+    value = eng.speculative_config
+    if eng.max_num_scheduled_tokens is not None and eng.scheduler != "chunked":
+        raise ScenarioError(f"engine.max_num_scheduled_tokens: a vLLM V1 knob (scheduler: "
+                            f"chunked), not {eng.scheduler!r}")
+    if value is None:
+        return None
+    from kvsim.sched.spec_decode import METHODS, SpeculativeConfig, acceptance_from_config
+    where = "engine.speculative_config"
+    if eng.scheduler != "chunked":
+        raise ScenarioError(f"{where}: speculative decoding is modelled for vLLM V1 "
+                            f"(scheduler: chunked), not {eng.scheduler!r}")
+    if eng.async_scheduling:
+        raise ScenarioError(f"{where}: with engine.async_scheduling, vLLM schedules drafts it "
+                            f"has not verified yet; kvsim does not model that: set "
+                            f"async_scheduling: false")
+    allowed = ("method", "num_speculative_tokens", "model", "acceptance")
+    for key in value:
+        if key not in allowed:
+            raise ScenarioError(f"{where}.{key}: unknown key; allowed: {', '.join(allowed)}")
+    method = value.get("method")
+    if method not in METHODS:
+        raise ScenarioError(f"{where}.method: {method!r}; allowed: {', '.join(METHODS)}")
+    k = value.get("num_speculative_tokens")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ScenarioError(f"{where}.num_speculative_tokens: {k!r}; expected an integer >= 1")
+    model = value.get("model")
+    if method == "draft_model":
+        if not isinstance(model, str):
+            raise ScenarioError(f"{where}.model: {model!r}; method draft_model needs the draft "
+                                f"model's catalog name (kvsim capacity --list)")
+        _named(f"{where}.model", load_model, model, base)
+    if "acceptance" not in value:
+        raise ScenarioError(f"{where}.acceptance: missing; how many drafts are accepted is an "
+                            f"input: {{rate: 0.7}}, {{per_position: [...]}} or {{trace: FILE}}")
+    try:
+        acceptance = acceptance_from_config(value["acceptance"], k, seed, base)
+    except ValueError as exc:
+        raise ScenarioError(str(exc)) from None
+    spec = SpeculativeConfig(method, k, acceptance, model)
+    if max_num_batched_tokens <= spec.num_lookahead_tokens:
+        # vllm/config/vllm.py VllmConfig._set_max_num_scheduled_tokens
+        raise ScenarioError(f"engine.max_num_batched_tokens: {max_num_batched_tokens} leaves no slot "
+                            f"for a token with {spec.num_lookahead_tokens} lookahead slots "
+                            f"(num_speculative_tokens); raise it or lower num_speculative_tokens")
+    return spec
+
+
+def _check_engine_loop(eng) -> None:
+    """Engine-time knobs the chosen scheduler cannot run (docs/engine.md)."""
+    if eng.async_scheduling and eng.scheduler != "chunked":
+        raise ScenarioError(f"engine.async_scheduling: got true with scheduler {eng.scheduler!r}; "
+                            f"async scheduling is vLLM V1's (scheduler: chunked); allowed: false")
+    k = eng.num_scheduler_steps
+    if k > 1:
+        # vllm/engine/arg_utils.py (0.6.0-0.6.2) EngineArgs.create_engine_config
+        if eng.speculative_config is not None:
+            raise ScenarioError("engine.num_scheduler_steps: vLLM 0.6 refuses speculative decoding "
+                                "with multi-step (--num-scheduler-steps > 1); drop one of them")
+        if eng.scheduler != "continuous":
+            raise ScenarioError(
+                f"engine.num_scheduler_steps: {k} with scheduler {eng.scheduler!r}; multi-step "
+                f"is vLLM 0.6's V0 engine without chunked prefill (0.6.0-0.6.2: 'Chunked prefill "
+                f"is not supported with multi-step'; V1 has no multi-step): use scheduler: "
+                f"continuous, or num_scheduler_steps: 1")
+        if eng.preemption_mode == "swap":
+            raise ScenarioError("engine.preemption_mode: swap with num_scheduler_steps > 1 is not "
+                                "modelled (the swap-in lookahead slots); allowed: recompute")
+
+
+def _check_baseline_scheduler(eng) -> list[str]:
+    """Knobs the baseline schedulers (``simple_chunking``, ``orca``) cannot honour; their notes."""
+    notes = []
+    if eng.orca_reservation is not None and eng.scheduler != "orca":
+        raise ScenarioError(f"engine.orca_reservation: got {eng.orca_reservation!r}, but only the "
+                            f"orca scheduler reserves contiguous KV; set engine.scheduler: orca "
+                            f"or drop it")
+    if eng.scheduler not in ("simple_chunking", "orca"):
+        return notes
+    if eng.preemption_mode == "swap":
+        raise ScenarioError(f"engine.preemption_mode: got 'swap'; the {eng.scheduler} scheduler "
+                            f"{'never preempts' if eng.scheduler == 'orca' else 'preempts by recompute'}"
+                            f"; allowed: recompute (swap needs scheduler: continuous)")
+    if eng.scheduler == "simple_chunking" and not eng.enable_chunked_prefill:
+        raise ScenarioError("engine.enable_chunked_prefill: got false; simple_chunking (Sarathi-Serve) "
+                            "always chunks prefills; for whole prompts use scheduler: continuous "
+                            "or orca")
+    if eng.enable_prefix_caching:
+        notes.append(f"engine.enable_prefix_caching: the {eng.scheduler} scheduler has no prefix "
+                     f"cache (as its source system); it runs without one (set it to false to "
+                     f"silence this note)")
+    return notes
 
 
 def _check_tensor_parallel(model: ModelSpec, tp: int) -> None:

@@ -45,7 +45,7 @@ class HardwareSection(_Section):
 class EngineSection(_Section):
     """vLLM engine knobs, under vLLM's names. ``None`` means vLLM's default for the GPU."""
 
-    scheduler: Literal["chunked", "continuous", "static"] = "chunked"
+    scheduler: Literal["chunked", "continuous", "static", "simple_chunking", "orca"] = "chunked"
     block_size: int = Field(16, ge=1, le=1024)
     num_gpu_blocks_override: int | None = Field(None, ge=2)
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
@@ -64,6 +64,20 @@ class EngineSection(_Section):
     # CUDA graphs, modelled by cost_model.engine_preset (kvsim/cost/presets.py); None: the preset's default
     enforce_eager: bool | None = None
     cudagraph_capture_sizes: list[Annotated[int, Field(ge=1)]] | None = Field(None, min_length=1)
+    orca_reservation: Literal["max", "pow2", "oracle"] | None = Field(
+        None, description="orca scheduler: KV reserved per request (default max: max_model_len)")
+    # The engine loop and what the client sees (engine time, issue #13; docs/cost_models.md)
+    stream_interval: int = Field(1, ge=1, description="vLLM --stream-interval: stream every k "
+                                                      "tokens, plus the first and the last")
+    async_scheduling: bool = Field(False, description="vLLM V1 --async-scheduling: schedule step "
+                                                      "N+1 while step N runs (chunked only)")
+    num_scheduler_steps: int = Field(1, ge=1, description="vLLM 0.6 --num-scheduler-steps: "
+                                     "decode windows of this many steps (continuous only)")
+    max_num_scheduled_tokens: int | None = Field(None, ge=1, description="vLLM: tokens one step "
+                                                 "may issue (default max_num_batched_tokens)")
+    speculative_config: dict[str, Any] | None = Field(
+        None, description="vLLM --speculative-config {method, num_speculative_tokens, model} "
+                          "plus kvsim's acceptance: {rate | per_position | trace} (docs/engine.md)")
     debug: bool = False
     serve_args: str | None = Field(None, description="`vllm serve` flags, expanded into the keys "
                                                       "above when the file is read (docs/vllm.md)")

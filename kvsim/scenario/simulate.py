@@ -128,6 +128,7 @@ def requests_frame(done: list[Request]) -> pd.DataFrame:
     for r in done:
         rows["request_id"].append(r.request_id)
         rows["arrival_time_s"].append(r.arrival_time)
+        rows["queued_time_s"].append(r.queued_time)
         rows["scheduled_time_s"].append(r.scheduled_time)
         rows["first_token_time_s"].append(r.first_token_time)
         rows["finish_time_s"].append(r.finish_time)
@@ -147,7 +148,12 @@ def steps_frame(engine: Engine) -> pd.DataFrame:
 
 
 def itl_seconds(done: list[Request]) -> np.ndarray:
-    """Every gap between consecutive tokens of each completed request, request by request."""
+    """Every gap between consecutive streamed messages of each completed request, request by request.
+
+    Tokens that reach the client at the same time are one message and add no
+    gap (several tokens per step, ``stream_interval``: ``kvsim.sim.client``),
+    as ``vllm bench serve`` counts one ITL per message after the first.
+    """
     times = [r.token_times for r in done
              if r.status is not RequestStatus.FAILED and len(r.token_times) > 1]
     if not times:
@@ -157,4 +163,6 @@ def itl_seconds(done: list[Request]) -> np.ndarray:
     lengths = np.fromiter(map(len, times), dtype=np.int64, count=len(times))
     flat = np.fromiter(chain.from_iterable(times), dtype=float, count=int(lengths.sum()))
     across = np.cumsum(lengths)[:-1] - 1       # gap from a request's last token to the next's first
-    return np.delete(np.diff(flat), across)
+    gaps = np.delete(np.diff(flat), across)
+    # Steps take positive time, so a zero gap is two tokens of one message.
+    return gaps[gaps != 0.0]

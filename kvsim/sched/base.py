@@ -25,6 +25,16 @@ class StepPlan:
     kv_wait_s: float = 0.0        # the forward pass waits this long on synchronous KV loads
     num_sampled: int = 0
     failed: list[Request] = field(default_factory=list)   # rejected for good (e.g. V0 "ignored")
+    # Speculative decoding (kvsim.sched.spec_decode): drafts scheduled per request
+    # (vLLM's scheduled_spec_decode_tokens), the requests the drafter runs on and
+    # their context, and the tokens generated (-1: one per sampling request).
+    scheduled_drafts: dict[str, int] = field(default_factory=dict)
+    num_drafting: int = 0
+    drafting_context_tokens: int = 0
+    num_generated_tokens: int = -1
+    # A multi-step window's step after its first (kvsim.sched.multistep): nothing
+    # was scheduled or prepared for it, so the engine costs it without that CPU time.
+    continuation: bool = False
 
     @property
     def is_empty(self) -> bool:
@@ -57,6 +67,9 @@ class DecodeRun:
     num_free_blocks: int = 0               # before step 1
     steps_allocated: int = 0
     free_after: list[int] = field(default_factory=list, repr=False)
+    # The rest of a multi-step window (kvsim.sched.multistep): steps scheduled
+    # before they began, costed without scheduling and input preparation.
+    continuation: bool = False
 
 
 class Scheduler(Protocol):

@@ -7,11 +7,17 @@ then WAITING ones, unless something was preempted in this step.
 
 This is the reference path: it follows ``vllm/v1/core/sched/scheduler.py``
 (0.33) rule by rule, and the golden traces of the real scheduler check it.
+Engine-time options (issue #13) live in their own modules and enter here as
+calls: two budgets (``budget.py``: ``max_num_scheduled_tokens``, draft
+slots), speculative decoding (``spec_decode.py``), async scheduling
+(``async_finish.py``).
 """
 
 from __future__ import annotations
 
+from kvsim.sched.async_finish import AsyncFinishing
 from kvsim.sched.base import DecodeRun, StepPlan, commit_scheduled, record_admission, sample_tokens
+from kvsim.sched.budget import StepBudget
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.connector import KVConnector, KVTransfers
 from kvsim.sched.paged import PagedScheduler
@@ -22,7 +28,7 @@ from kvsim.sched.request import Request, RequestStatus
 SKIP = "skip"          # try_admission: leave this request for a later step, try the next
 
 
-class ChunkedScheduler(PagedScheduler):
+class ChunkedScheduler(AsyncFinishing, PagedScheduler):
     """vLLM V1 ``Scheduler`` in synchronous mode, with fake one-token outputs.
 
     With a ``connector`` (sched/connector.py) some KV comes from outside the
@@ -35,6 +41,16 @@ class ChunkedScheduler(PagedScheduler):
         # N2: vLLM sizes the watermark on all blocks, the null block included.
         self.watermark_blocks = int(config.watermark * config.num_gpu_blocks)
         self.transfers = KVTransfers(connector) if connector is not None else None
+        # Async scheduling: requests whose last token was sampled in the step
+        # before, still holding their blocks until the next schedule() is made.
+        self._finishing: list[Request] = []
+        # Speculative decoding (kvsim.sched.spec_decode): drafts, and the KV
+        # slots reserved past the scheduled tokens for the drafter.
+        self._drafts = self._lookahead = None
+        if config.speculative is not None:
+            from kvsim.sched.spec_decode import Drafts
+            self._drafts = Drafts(config.speculative)
+        self._lookahead = config.speculative.num_lookahead_tokens if self._drafts else 0
 
     # ------------------------------------------------------------ protocol
 
@@ -47,20 +63,32 @@ class ChunkedScheduler(PagedScheduler):
                 or (t is not None and bool(len(t) or t.num_sending)))
 
     def get_request_counts(self) -> tuple[int, int]:
+        # vLLM's stats come after the step's outputs: a finished request is gone.
         holding = len(self.transfers) if self.transfers is not None else 0
-        return len(self.running), len(self.waiting) + holding
+        return len(self.running) - len(self._finishing), len(self.waiting) + holding
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         self.refresh_threshold()
-        budget = self._schedule_running(plan, self.config.max_num_batched_tokens)
+        budget = self._schedule_running(plan, self.new_budget())
         if not plan.preempted:
             # S3: a step that preempted admits nothing.
             self._schedule_waiting(plan, budget)
         commit_scheduled(plan)
+        if self._drafts is not None:
+            self._drafts.after_schedule(plan)
         if self.transfers is not None:
             plan.kv_wait_s = self.transfers.connector.step_wait_s(plan.scheduled)
+        if self._finishing:
+            self._release_finishing()
         return plan
+
+    def new_budget(self) -> StepBudget:
+        """This step's token and input budgets (kvsim.sched.budget)."""
+        cfg = self.config
+        slots = cfg.speculative.max_num_new_slots_for_drafting if cfg.speculative else 0
+        return StepBudget(cfg.max_num_scheduled_tokens or cfg.max_num_batched_tokens,
+                          cfg.max_num_batched_tokens, slots)
 
     def refresh_threshold(self) -> None:
         """N4: the threshold only stops a long prefill starving *other* requests;
@@ -71,9 +99,16 @@ class ChunkedScheduler(PagedScheduler):
     def update_from_output(self, plan: StepPlan, now: float) -> list[Request]:
         """Every request whose chunk reached its last token samples one (S7);
         then the KV transfers that completed during the step are taken in."""
-        finished = self.finish_requests(sample_tokens(plan, now), now)
+        sampled = (sample_tokens(plan, now) if self._drafts is None
+                   else self._drafts.verify(plan, now, self.kv))
+        finished = self.finish_requests(sampled, now)
         self._after_step(now)
         return finished
+
+    def finish_requests(self, finished: list[Request], now: float) -> list[Request]:
+        if self.config.async_scheduling:
+            return self._finish_after_next_schedule(finished, now)
+        return super().finish_requests(finished, now)
 
     # ------------------------------------------------------ KV connector
 
@@ -108,8 +143,10 @@ class ChunkedScheduler(PagedScheduler):
         a block that is not free (it would preempt, P1), and the waiting
         queue must stay shut for the whole run (``_steps_waiting_stays_shut``).
         """
+        if self._drafts is not None:
+            return None          # accepted drafts vary step by step: no run is exact
         batch = self._decoding_batch()
-        if batch is None or len(self.running) > self.config.max_num_batched_tokens:
+        if batch is None or len(self.running) > self.new_budget().room:
             return None
         max_steps, context_sum, computed = batch
         self.refresh_threshold()
@@ -130,8 +167,9 @@ class ChunkedScheduler(PagedScheduler):
         served): the run stops before that step.
         """
         cfg = self.config
-        budget = cfg.max_num_batched_tokens - len(self.running)
-        shut = len(self.running) >= cfg.max_num_seqs or budget <= 0
+        budget = self.new_budget()
+        budget.take(len(self.running))           # one token per decode
+        shut = len(self.running) >= cfg.max_num_seqs or not budget.open
         if self.transfers is not None and not shut and self.transfers.may_change():
             return 0                              # a request whose KV arrived may start
         if not len(self.waiting) or shut:
@@ -139,7 +177,7 @@ class ChunkedScheduler(PagedScheduler):
         if self.transfers is not None:
             return 0                              # its external hit may change: step
         head = self.waiting.peek()
-        if self.try_admission(head, budget) is not None:
+        if self.try_admission(head, budget.room) is not None:
             return 0                              # admitted now (or skipped: step anyway)
         if not self.kv.enable_caching or head.num_computed_tokens:
             return max_steps
@@ -156,21 +194,21 @@ class ChunkedScheduler(PagedScheduler):
 
     # ------------------------------------------------------------- running
 
-    def _schedule_running(self, plan: StepPlan, budget: int) -> int:
+    def _schedule_running(self, plan: StepPlan, budget: StepBudget) -> StepBudget:
         """S2: give each running request its chunk, preempting when blocks run out."""
         cfg = self.config
         running, allocate, scheduled = self.running, self.kv.allocate_slots, plan.scheduled
-        chunk = self.running_chunk
+        chunk, lookahead = self.running_chunk, self._lookahead
         scheduled_now: dict[str, int] = {}
         i = 0
-        while i < len(running) and budget > 0:
+        while i < len(running) and budget.open:
             req = running[i]
             computed = req.num_computed_tokens
-            n = chunk(req, budget)
+            n = chunk(req, budget.room)
             if n <= 0:
                 i += 1
                 continue
-            if allocate(req, n) is None:
+            if allocate(req, n, num_lookahead_tokens=lookahead) is None:
                 i, budget = self._preempt_for(req, n, i, budget, plan, scheduled_now)
                 scheduled = plan.scheduled
                 if req.status is RequestStatus.PREEMPTED:
@@ -181,7 +219,7 @@ class ChunkedScheduler(PagedScheduler):
                     break
             scheduled.append((req, n, computed))
             scheduled_now[req.request_id] = n
-            budget -= n
+            budget.take(n)
             i += 1
         return budget
 
@@ -191,14 +229,18 @@ class ChunkedScheduler(PagedScheduler):
         What it still wants, cut to the long-prefill threshold and the budget;
         one slot stays free for the token this step samples.
         """
+        if req.status is RequestStatus.FINISHED:
+            return 0                 # async scheduling: its last token is in flight
         computed = req.num_computed_tokens
         n = req.prompt_len + req.num_output_tokens - computed      # num_tokens - computed
+        if self._drafts is not None:
+            n += self._drafts.num_drafts(req)       # num_tokens_with_spec - computed
         if 0 < self._threshold < n:
             n = self._threshold
         return min(n, budget, self.config.max_model_len - computed - 1)
 
-    def _preempt_for(self, req: Request, n: int, i: int, budget: int, plan: StepPlan,
-                      scheduled_now: dict[str, int]) -> tuple[int, int]:
+    def _preempt_for(self, req: Request, n: int, i: int, budget: StepBudget, plan: StepPlan,
+                      scheduled_now: dict[str, int]) -> tuple[int, StepBudget]:
         """P1: preempt victims until ``req``'s ``n`` slots fit, or ``req`` itself is the victim.
 
         Returns the updated running index and budget.
@@ -211,12 +253,12 @@ class ChunkedScheduler(PagedScheduler):
                 i -= 1
             if victim.request_id in scheduled_now:
                 # [new] P1: roll the victim's entry and budget back.
-                budget += scheduled_now.pop(victim.request_id)
+                budget.give_back(scheduled_now.pop(victim.request_id))
                 plan.scheduled = [e for e in plan.scheduled if e[0] is not victim]
             self._preempt(victim, plan)
             if victim is req:
                 return i, budget
-            if self.kv.allocate_slots(req, n) is not None:
+            if self.kv.allocate_slots(req, n, num_lookahead_tokens=self._lookahead) is not None:
                 return i, budget
 
     def _pick_victim(self) -> Request:
@@ -231,16 +273,21 @@ class ChunkedScheduler(PagedScheduler):
 
     def _preempt(self, req: Request, plan: StepPlan) -> None:
         """P2: recompute preemption: free everything, back to the queue front."""
+        if req.status is RequestStatus.FINISHED:
+            self._preempt_finishing(req, plan)
+            return
         self.kv.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.num_preemptions += 1
+        if self._drafts is not None:
+            self._drafts.drop(req)
         self.waiting.prepend(req)
         plan.preempted.append(req)
 
     # ------------------------------------------------------------- waiting
 
-    def _schedule_waiting(self, plan: StepPlan, budget: int) -> int:
+    def _schedule_waiting(self, plan: StepPlan, budget: StepBudget) -> StepBudget | None:
         """S3-S5: admit from the waiting queue until a request does not fit.
 
         Requests that hold KV blocks (a connector's load, sched/connector.py)
@@ -249,13 +296,13 @@ class ChunkedScheduler(PagedScheduler):
         if self.transfers is not None and len(self.transfers):
             budget = self._schedule_holding(plan, budget)
             if budget is None:
-                return 0
+                return None
         skipped = []
-        while budget > 0 and len(self.waiting):
+        while budget.open and len(self.waiting):
             if len(self.running) >= self.config.max_num_seqs:
                 break                               # TV9: the cap counts running requests
             req = self.waiting.peek()
-            admission = self.try_admission(req, budget)
+            admission = self.try_admission(req, budget.room)
             if admission is SKIP:
                 skipped.append(self.waiting.pop())
                 continue
@@ -263,7 +310,8 @@ class ChunkedScheduler(PagedScheduler):
                 break                               # TV10: head-of-line blocking
             hits, num_hit, n, num_external, load_async = admission
             self.kv.allocate_slots(req, n, num_hit, hits, num_external_computed_tokens=num_external,
-                                   delay_cache_blocks=load_async)
+                                   delay_cache_blocks=load_async,
+                                   num_lookahead_tokens=0 if load_async else self._lookahead)
             self.waiting.pop()
             if num_external:
                 self.transfers.connector.update_state_after_alloc(
@@ -273,33 +321,33 @@ class ChunkedScheduler(PagedScheduler):
                 continue
             self.running.append(req)
             record_admission(plan, req, num_hit + num_external, n)
-            budget -= n
+            budget.take(n)
         for req in reversed(skipped):               # skipped requests keep their order (N5)
             self.waiting.prepend(req)
         return budget
 
-    def _schedule_holding(self, plan: StepPlan, budget: int) -> int | None:
+    def _schedule_holding(self, plan: StepPlan, budget: StepBudget) -> StepBudget | None:
         """Requests whose KV was loaded asynchronously, in the order they got their
         blocks; None when the waiting queue must not be served in this step."""
         t = self.transfers
         for req in list(t.holding):
-            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+            if not budget.open or len(self.running) >= self.config.max_num_seqs:
                 return None
             arrived = t.ready(req)
             if arrived is None:
                 continue                            # still loading: skipped this step
             if arrived:
                 self.kv.cache_blocks(req, arrived)  # cached once the KV is there
-            n = self._prefill_chunk(req, req.num_computed_tokens, budget)
+            n = self._prefill_chunk(req, req.num_computed_tokens, budget.room)
             cfg = self.config
             fit = min(req.num_tokens, cfg.max_model_len) if cfg.scheduler_reserve_full_isl else None
             if n is None or not self._can_admit(req, n, req.num_computed_tokens, [], fit):
                 return None
-            self.kv.allocate_slots(req, n)
+            self.kv.allocate_slots(req, n, num_lookahead_tokens=self._lookahead)
             t.holding.remove(req)
             self.running.append(req)
             record_admission(plan, req, req.num_computed_tokens, n)
-            budget -= n
+            budget.take(n)
         return budget
 
     def _prefill_chunk(self, req: Request, num_computed: int, budget: int) -> int | None:
@@ -362,7 +410,8 @@ class ChunkedScheduler(PagedScheduler):
         if full_tokens is not None:
             if kv.num_blocks_to_allocate(req, full_tokens, hits) + wm > free:
                 return False
-        need = min(num_hit + n, self.config.max_model_len)
+        # Lookahead slots come with work to do (none for an asynchronous load, n = 0).
+        need = min(num_hit + n + (self._lookahead if n else 0), self.config.max_model_len)
         return kv.num_blocks_to_allocate(req, need, hits) + wm <= free
 
 

@@ -30,6 +30,16 @@ class SchedulerConfig:
     num_cpu_blocks: int = 0                   # swap space, in blocks
     swap_block_bytes: int = 0                 # bytes of one block, for swap traffic
     debug: bool = False                       # keep tokens per block; check every hit
+    # What the engine loop reads (kvsim.sim.engine; engine time, issue #13)
+    stream_interval: int = 1                  # vLLM --stream-interval (kvsim.sim.client)
+    async_scheduling: bool = False            # vLLM V1 async scheduling (kvsim.sim.inbox; chunked)
+    # chunked only: the issued-token budget (vLLM default: max_num_batched_tokens; kvsim.sched.budget)
+    max_num_scheduled_tokens: int | None = None
+    speculative: object = None                # kvsim.sched.spec_decode.SpeculativeConfig or None
+    # continuous only: vLLM 0.6 multi-step decode windows (kvsim.sched.multistep)
+    num_scheduler_steps: int = 1
+    # orca only: the contiguous reservation per request (kvsim.sched.orca)
+    orca_reservation: str = "max"             # max | pow2 | oracle
 
     def make_kv_manager(self):
         """The paged KV manager these settings describe."""

@@ -152,17 +152,25 @@ class ContinuousScheduler(PagedScheduler):
         kept: list[Request] = []
         while queue:
             req = queue.popleft()
-            while kv.get_num_free_blocks() < 1:
+            while kv.get_num_free_blocks() < self.blocks_touched(req):
                 victim = queue.pop() if queue else req
                 self._preempt(victim, plan)
                 if victim is req:
                     break
             if req.status is not RequestStatus.RUNNING:
                 continue
-            kv.allocate_slots(req, 1)
+            kv.allocate_slots(req, 1, num_lookahead_tokens=self.num_lookahead_slots)
             kept.append(req)
             plan.scheduled.append((req, 1, req.num_computed_tokens))
         self.running = kept
+
+    # vLLM 0.6 multi-step (kvsim.sched.multistep) reserves slots for a whole
+    # window of decode steps; one step needs no lookahead and touches one block.
+    num_lookahead_slots = 0
+
+    def blocks_touched(self, req: Request) -> int:
+        """V3: free blocks a decode needs at its turn, worst case (``can_append_slots``)."""
+        return 1
 
     def _preempt(self, req: Request, plan: StepPlan) -> None:
         plan.preempted.append(req)

@@ -43,7 +43,7 @@ class Request:
     """Mutable per-request state the schedulers and the KV manager share."""
 
     __slots__ = (
-        "request_id", "arrival_time", "priority", "prompt_len", "max_tokens",
+        "request_id", "arrival_time", "queued_time", "priority", "prompt_len", "max_tokens",
         "all_token_ids", "block_hashes", "final_num_tokens", "num_output_tokens",
         "num_computed_tokens", "num_cached_tokens", "num_preemptions", "status",
         "scheduled_time", "first_token_time", "finish_time", "token_times",
@@ -95,6 +95,7 @@ class Request:
         self.resume_hit_tokens = -1
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
+        self.queued_time = float("nan")     # the engine core took it in (kvsim.sim.inbox)
         self.scheduled_time = float("nan")
         self.first_token_time = float("nan")
         self.finish_time = float("nan")

@@ -30,10 +30,13 @@ from dataclasses import dataclass, replace
 
 import simpy
 
-from kvsim.cost.base import CostModel, decode_run_function, step_time_function
+from kvsim.cost.base import CostModel
 from kvsim.sched.base import DecodeRun, Scheduler, StepPlan
 from kvsim.sched.request import Request, RequestStatus
+from kvsim.sim.client import stream_interval_times
+from kvsim.sim.costing import StepCosts
 from kvsim.sim.frontend import AtTime
+from kvsim.sim.inbox import Inbox
 from kvsim.sim.steplog import StepLog
 from kvsim.workload.request import RequestSpec
 
@@ -96,13 +99,15 @@ class Engine:
                  on_done: Callable[[Request], None] | None = None,
                  more_input: Callable[[], bool] | None = None,
                  next_input_time: Callable[[], float] | None = None,
-                 progress: Callable[[float, int], None] | None = None) -> None:
+                 progress: Callable[[float, int], None] | None = None,
+                 stream_interval: int = 1, async_scheduling: bool = False) -> None:
         self.env = env if env is not None else simpy.Environment(initial_time=0.0)
         self.name = name
         self.scheduler = scheduler
         self.cost_model = cost_model
-        self._step_time = step_time_function(cost_model)           # costs a step given as lists
-        self._decode_run_times = decode_run_function(cost_model)   # costs a run of decode steps
+        # vLLM V1 async scheduling: step N+1 is scheduled while step N runs (kvsim.sim.inbox).
+        self.async_scheduling = async_scheduling
+        self._costs = StepCosts(cost_model, async_scheduling=async_scheduling)
         self.make_request = make_request
         self.check_request = check_request
         self.trace = trace
@@ -116,13 +121,14 @@ class Engine:
         self._more_input = more_input or (lambda: False)
         self._next_input_time = next_input_time or self.env.peek
         self.progress = progress
+        self.stream_interval = stream_interval      # kvsim.sim.client
         self.steps = StepLog()
         self.done: list[Request] = []            # finished or failed, in order
         self.num_done = 0
         self.num_arrived = 0
         self.num_run_steps = 0
         self.num_runs = 0
-        self._inbox: list[Request] = []
+        self._inbox = Inbox(async_scheduling)      # submitted, not yet seen by the scheduler
         self._wake: simpy.Event | None = None
         self._reported_finished = False
         self._in_flight: _RunInFlight | None = None
@@ -153,7 +159,7 @@ class Engine:
             req.finish_time = arrival_time
             self._on_done(req)
             return
-        self._inbox.append(req)
+        self._inbox.add(req, self.env.now)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
         if self._in_flight is not None:
@@ -200,10 +206,9 @@ class Engine:
         sched = self.scheduler
         ticks = 0
         while True:
-            arrived = bool(self._inbox)
-            for req in self._inbox:
-                sched.add_request(req)
-            self._inbox.clear()
+            arrived = self._hand_over(self._inbox.take(self.env.now))
+            if not sched.has_requests() and len(self._inbox):
+                arrived = self._hand_over(self._inbox.take_all(self.env.now))   # nothing else to run
             if not sched.has_requests() and not (self._reported_finished and self._more_input()):
                 self._reported_finished = False
                 yield from self._sleep()
@@ -215,16 +220,36 @@ class Engine:
             # is asked for then; stepping it one by one is exact either way.
             run = sched.plan_decode_run() if self.fast_path and not arrived else None
             if run is not None:
-                until = min(self._next_input_time(), sched.next_wakeup_time())
-                times, durations = self._decode_run_times(run.num_seqs, run.context_token_sum,
-                                                          self.env.now, run.max_steps, until)
+                times, durations = self._run_times(run)
                 if durations:
                     yield from self._decode_run(run, times, durations)
                     continue
             yield from self._step()
 
+    def _hand_over(self, reqs: list[Request]) -> bool:
+        for req in reqs:
+            self.scheduler.add_request(req)
+        return bool(reqs)
+
+    def _run_times(self, run: DecodeRun) -> tuple[list[float], list[float]]:
+        """The run's steps that start before the next input (or KV transfer, sched/connector.py).
+
+        With async scheduling the step due when that input arrives was already
+        scheduled without it (kvsim.sim.inbox), so it is part of the run too,
+        and a request held back in the inbox is seen by the step after the
+        next. The rest of a multi-step window is not changed by an arrival,
+        but the arrival is recorded as waiting from the next step on: it ends
+        the run too.
+        """
+        until = min(self._next_input_time(), self.scheduler.next_wakeup_time())
+        ahead = self._inbox.scheduled_ahead and not run.continuation
+        if ahead and len(self._inbox):
+            until = self.env.now
+        return self._costs.run(run, self.env.now, until, one_more=ahead)
+
     def _sleep(self, until: float | None = None):
         """Until a request is submitted, or the time ``until``."""
+        self._inbox.nothing_ahead()
         wake = self._wake = self.env.event()
         if until is not None:
             AtTime(self.env, max(until, self.env.now)).callbacks.append(
@@ -237,6 +262,23 @@ class Engine:
         env, sched = self.env, self.scheduler
         start = env.now
         plan = sched.schedule()
+        if plan.is_empty and not plan.failed and self.async_scheduling:
+            # The schedule made while the last step ran found nothing: an empty
+            # batch costs the loop no time, and the next schedule follows once
+            # that step's outputs are in, seeing every request (kvsim.sim.inbox).
+            self._hand_over(self._inbox.take_all(self.env.now))
+            plan = sched.schedule()
+            if plan.is_empty and not plan.failed:
+                # Nothing to run: the loop waits for input, no step is taken.
+                self._inbox.nothing_ahead()
+                self._reported_finished = False
+                if not self._progress_possible():
+                    self._fail_unschedulable()
+                return
+        if plan.is_empty:
+            self._inbox.nothing_ahead()
+        else:
+            self._inbox.step_started(start)
         for req, _, _ in plan.scheduled:
             if math.isnan(req.scheduled_time):
                 req.scheduled_time = start
@@ -252,9 +294,7 @@ class Engine:
             yield from self._sleep(until=sched.next_wakeup_time())
             sched.update_from_output(plan, env.now)
             return
-        scheduled = plan.scheduled
-        duration = self._step_time([e[1] for e in scheduled], [e[2] for e in scheduled],
-                                   plan.num_sampled, plan.swap_bytes) + plan.kv_wait_s
+        duration = self._costs.step(plan)
         yield env.timeout(duration)
         finished = sched.update_from_output(plan, env.now)
         self._record(plan, finished, start, duration)
@@ -277,16 +317,18 @@ class Engine:
         k = flight.num_steps
         if k == 0:
             return                                   # cut before its first step began
+        self._inbox.step_started(times[k - 1])
         finished = self.scheduler.apply_decode_run(run, k, times[1:k + 1])
         self._record_run(flight, finished)
         self._finish(finished)
 
     def _cut_run(self) -> None:
-        """A request was submitted mid-run: keep the steps that already started."""
+        """A request was submitted mid-run: keep the steps that already started
+        (and, with async scheduling, the one already scheduled after them)."""
         flight = self._in_flight
-        started = bisect_left(flight.times, self.env.now, 0, flight.num_steps)
-        if started < flight.num_steps:
-            flight.num_steps = started
+        keep = bisect_left(flight.times, self.env.now, 0, flight.num_steps) + self.async_scheduling
+        if keep < flight.num_steps:
+            flight.num_steps = keep
             self._process.interrupt()
 
     def _sync_run(self) -> None:
@@ -312,6 +354,9 @@ class Engine:
         # A done request never touches the KV cache again: drop its token ids
         # and hashes (the bulk of its memory); its timings stay for the tables.
         req.all_token_ids = req.block_hashes = None
+        if self.stream_interval > 1 and req.status is not RequestStatus.FAILED:
+            # The times the client sees (first and last token are never held back).
+            req.token_times = stream_interval_times(req.token_times, self.stream_interval)
         self.done.append(req)
         self.num_done += 1
         if self.sink is not None and len(self.done) >= self.flush_every:
@@ -323,9 +368,10 @@ class Engine:
     def _record(self, plan: StepPlan, finished: list[Request], start: float, duration: float) -> None:
         sched = self.scheduler
         prefill = decode = 0
+        drafts = plan.scheduled_drafts
         for req, n, ctx in plan.scheduled:
-            # A one-token step of a request past its prompt is a decode.
-            if n == 1 and ctx >= req.prompt_len:
+            # A one-token step of a request past its prompt is a decode (with its drafts).
+            if ctx >= req.prompt_len and n - drafts.get(req.request_id, 0) == 1:
                 decode += 1
             else:
                 prefill += n
@@ -334,7 +380,7 @@ class Engine:
         self.steps.append(
             self.steps.next_step, start, duration, prefill, decode, len(plan.scheduled),
             running, waiting, len(plan.preempted), len(finished), free, sched.kv_cache_usage(),
-            plan.num_sampled)
+            plan.num_sampled if plan.num_generated_tokens < 0 else plan.num_generated_tokens)
         if self.trace is not None:
             self.trace({
                 "step": self.steps.next_step - 1,

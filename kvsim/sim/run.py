@@ -13,7 +13,7 @@ from kvsim.sim.engine import Engine
 from kvsim.sim.frontend import Frontend
 from kvsim.workload.request import RequestSpec
 
-SCHEDULERS = ("chunked", "continuous", "static")
+SCHEDULERS = ("chunked", "continuous", "static", "simple_chunking", "orca")
 
 
 def make_scheduler(name: str, config: SchedulerConfig, connector=None):
@@ -25,11 +25,20 @@ def make_scheduler(name: str, config: SchedulerConfig, connector=None):
         from kvsim.sched.chunked import ChunkedScheduler
         return ChunkedScheduler(config, connector)
     if name == "continuous":
+        if config.num_scheduler_steps > 1:
+            from kvsim.sched.multistep import MultiStepScheduler
+            return MultiStepScheduler(config)
         from kvsim.sched.continuous import ContinuousScheduler
         return ContinuousScheduler(config)
     if name == "static":
         from kvsim.sched.static import StaticScheduler
         return StaticScheduler(config)
+    if name == "simple_chunking":
+        from kvsim.sched.simple_chunking import SimpleChunkingScheduler
+        return SimpleChunkingScheduler(config)
+    if name == "orca":
+        from kvsim.sched.orca import OrcaScheduler
+        return OrcaScheduler(config)
     raise ValueError(f"engine.scheduler: {name!r} is not one of {', '.join(SCHEDULERS)}")
 
 
@@ -60,7 +69,9 @@ def make_engine(config: SchedulerConfig, *, scheduler: str = "chunked",
                        hash_blocks=config.enable_prefix_caching, keep_tokens=config.debug)
 
     engine = Engine(sched, cost_model or ConstantCostModel(1.0), make_request=make,
-                    check_request=lambda r: request_problem(r, config), env=env, **engine_options)
+                    check_request=lambda r: request_problem(r, config), env=env,
+                    stream_interval=config.stream_interval,
+                    async_scheduling=config.async_scheduling, **engine_options)
     if connector is not None:
         connector.bind(engine.env, sched.kv)
     return engine
