@@ -145,6 +145,7 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
         raise ScenarioError("engine.preemption_mode: got 'swap'; the chunked (vLLM V1) scheduler "
                             "only preempts by recompute; allowed: recompute (swap needs "
                             "scheduler: continuous)")
+    _check_scheduler_knobs(eng, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
     watermark = eng.watermark if eng.watermark is not None else (
         0.01 if eng.scheduler == "continuous" else 0.0)
     block_bytes = model.kv_bytes_per_block(eng.block_size, eng.kv_cache_dtype, tp)
@@ -154,6 +155,11 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
         enable_prefix_caching=eng.enable_prefix_caching,
         enable_chunked_prefill=eng.enable_chunked_prefill,
         long_prefill_token_threshold=eng.long_prefill_token_threshold, policy=eng.policy,
+        max_num_scheduled_tokens=eng.max_num_scheduled_tokens,
+        max_num_active_seqs=eng.max_num_active_seqs,
+        long_prefill_token_threshold_adaptive=eng.long_prefill_token_threshold_adaptive,
+        prefill_schedule_interval=eng.prefill_schedule_interval,
+        max_num_queued_reqs=eng.max_num_queued_reqs, max_num_queued_tokens=eng.max_num_queued_tokens,
         scheduler_reserve_full_isl=eng.scheduler_reserve_full_isl, watermark=watermark,
         preemption_mode=eng.preemption_mode or "recompute",
         num_cpu_blocks=int(eng.swap_space * GIB) // block_bytes,
@@ -176,6 +182,28 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
                             else f"cost_model: {msg}") from None
     return LoadedScenario(sc, data, base, model, gpu, tp, capacity, sched_config, cost_model, workload,
                           tuple(notes))
+
+
+# Knobs only the chunked (vLLM V1) scheduler has, with their "off" values.
+_CHUNKED_ONLY = {"max_num_scheduled_tokens": None, "max_num_active_seqs": None,
+                 "long_prefill_token_threshold_adaptive": False, "prefill_schedule_interval": 1}
+
+
+def _check_scheduler_knobs(eng, *, max_num_seqs: int, max_model_len: int) -> None:
+    """The scheduler settings vLLM refuses at start-up (vllm/config/scheduler.py
+    ``SchedulerConfig.verify_max_model_len``), and V1 knobs on a V0-style scheduler."""
+    if eng.scheduler != "chunked":
+        for key, off in _CHUNKED_ONLY.items():
+            value = getattr(eng, key)
+            if value != off:
+                raise ScenarioError(f"engine.{key}: got {value!r}; only the chunked (vLLM V1) scheduler "
+                                    f"has it, not {eng.scheduler}; remove it or use scheduler: chunked")
+    if eng.max_num_active_seqs is not None and eng.max_num_active_seqs > max_num_seqs:
+        raise ScenarioError(f"engine.max_num_active_seqs: got {eng.max_num_active_seqs}; it cannot be "
+                            f"greater than max_num_seqs ({max_num_seqs}), as vLLM refuses")
+    if eng.long_prefill_token_threshold > max_model_len:
+        raise ScenarioError(f"engine.long_prefill_token_threshold: got {eng.long_prefill_token_threshold}; "
+                            f"it cannot be greater than max_model_len ({max_model_len}), as vLLM refuses")
 
 
 def _check_tensor_parallel(model: ModelSpec, tp: int) -> None:

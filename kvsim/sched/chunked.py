@@ -27,6 +27,11 @@ class ChunkedScheduler(PagedScheduler):
         self.waiting = make_waiting_queue(config.policy)
         # N2: vLLM sizes the watermark on all blocks, the null block included.
         self.watermark_blocks = int(config.watermark * config.num_gpu_blocks)
+        # vLLM 0.33 Scheduler.__init__: admission into RUNNING stops at
+        # max_num_active_seqs (max_num_seqs still sizes the runner).
+        self.max_num_active_reqs = config.max_num_active_seqs or config.max_num_seqs
+        self.token_budget = step_token_budget(config)
+        self._init_prefill_cadence()
 
     # ------------------------------------------------------------ protocol
 
@@ -42,18 +47,31 @@ class ChunkedScheduler(PagedScheduler):
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         self.refresh_threshold()
-        budget = self._schedule_running(plan, self.config.max_num_batched_tokens)
+        self._hold_prefill_now()
+        budget = self._schedule_running(plan, self.token_budget)
         if not plan.preempted:
             # S3: a step that preempted admits nothing.
             self._schedule_waiting(plan, budget)
+            self._note_capacity_bound()
         commit_scheduled(plan)
+        self._after_step_cadence(plan)
         return plan
 
     def refresh_threshold(self) -> None:
         """N4: the threshold only stops a long prefill starving *other* requests;
-        alone in the system, a request may use the whole budget."""
+        alone in the system, a request may use the whole budget.
+
+        With ``long_prefill_token_threshold_adaptive`` (vLLM 0.33
+        ``Scheduler.schedule``) a set threshold is floored at the fair share
+        ``max_num_batched_tokens // (running + waiting)``: the input budget,
+        not ``max_num_scheduled_tokens``.
+        """
+        cfg = self.config
         num_in_system = len(self.running) + len(self.waiting)
-        self._threshold = self.config.long_prefill_token_threshold if num_in_system > 1 else 0
+        threshold = cfg.long_prefill_token_threshold if num_in_system > 1 else 0
+        if threshold > 0 and cfg.long_prefill_token_threshold_adaptive:
+            threshold = max(threshold, cfg.max_num_batched_tokens // num_in_system)
+        self._threshold = threshold
 
     def update_from_output(self, plan: StepPlan, now: float) -> list[Request]:
         """Every request whose chunk reached its last token samples one (S7)."""
@@ -74,7 +92,11 @@ class ChunkedScheduler(PagedScheduler):
         queue must stay shut for the whole run (``_steps_waiting_stays_shut``).
         """
         batch = self._decoding_batch()
-        if batch is None or len(self.running) > self.config.max_num_batched_tokens:
+        if batch is None or len(self.running) > self.token_budget:
+            return None
+        if self._prefill_chunks and any(r in self._prefill_chunks for r in self.running):
+            # A chunk that stopped one token short of its end looks like a
+            # decode, but a held step skips it (prefill_schedule_interval): step.
             return None
         max_steps, context_sum = batch
         self.refresh_threshold()
@@ -84,9 +106,10 @@ class ChunkedScheduler(PagedScheduler):
     def _steps_waiting_stays_shut(self, max_steps: int) -> int:
         """How many of the next decode steps certainly admit nothing (S3, S4).
 
-        Nothing is admitted while the queue is empty, ``max_num_seqs`` is
-        reached or the decodes use the whole budget. Otherwise the head must
-        not fit now, and it still will not during the run: free blocks only
+        Nothing is admitted while the queue is empty, ``max_num_active_seqs``
+        is reached or the decodes use the whole budget. Otherwise the head must
+        not fit now (or the steps hold prefill back, ``_steps_prefill_held``),
+        and it still will not during the run: free blocks only
         shrink, and with ``scheduler_reserve_full_isl`` losing a prefix hit
         to eviction never lowers the blocks its whole sequence needs (a hit
         in the free queue costs one free block, as a new block does). What
@@ -97,12 +120,13 @@ class ChunkedScheduler(PagedScheduler):
         cfg = self.config
         if not len(self.waiting):
             return max_steps
-        budget = cfg.max_num_batched_tokens - len(self.running)
-        if len(self.running) >= cfg.max_num_seqs or budget <= 0:
+        budget = self.token_budget - len(self.running)
+        if len(self.running) >= self.max_num_active_reqs or budget <= 0:
             return max_steps
         head = self.waiting.peek()
-        if self.try_admission(head, budget) is not None:
-            return 0
+        admission = self.try_admission(head, budget)
+        if admission is not None:
+            return self._steps_head_stays_held(head, admission[1], max_steps)
         if not self.kv.enable_caching or head.num_computed_tokens:
             return max_steps
         hits, _ = self.kv.get_computed_blocks(head)
@@ -144,6 +168,8 @@ class ChunkedScheduler(PagedScheduler):
                     break
             scheduled.append((req, n, computed))
             scheduled_now[req.request_id] = n
+            if req in self._prefill_chunks:
+                self._carried_prefill = True        # prefill_schedule_interval: a prefill chunk ran
             budget -= n
             i += 1
         return budget
@@ -154,6 +180,8 @@ class ChunkedScheduler(PagedScheduler):
         What it still wants, cut to the long-prefill threshold and the budget;
         one slot stays free for the token this step samples.
         """
+        if self._prefill_held and req in self._prefill_chunks:
+            return 0                                # prefill_schedule_interval: skipped
         computed = req.num_computed_tokens
         n = req.prompt_len + req.num_output_tokens - computed      # num_tokens - computed
         if 0 < self._threshold < n:
@@ -206,17 +234,21 @@ class ChunkedScheduler(PagedScheduler):
     def _schedule_waiting(self, plan: StepPlan, budget: int) -> int:
         """S3-S5: admit from the waiting queue until a request does not fit."""
         while budget > 0 and len(self.waiting):
-            if len(self.running) >= self.config.max_num_seqs:
+            if len(self.running) >= self.max_num_active_reqs:
                 break                               # TV9: the cap counts running requests
             req = self.waiting.peek()
             admission = self.try_admission(req, budget)
             if admission is None:
                 break                               # TV10: head-of-line blocking
             hits, num_hit, n = admission
+            if self._prefill_held and self._admits_prompt(req, num_hit):
+                break                               # prefill_schedule_interval: a held step
             self.kv.allocate_slots(req, n, num_hit, hits)
             self.waiting.pop()
             self.running.append(req)
             record_admission(plan, req, num_hit, n)
+            if self.cadence and self._admits_prompt(req, num_hit):
+                self._carried_prefill = True
             budget -= n
         return budget
 
@@ -259,6 +291,114 @@ class ChunkedScheduler(PagedScheduler):
                 return False
         need = min(num_hit + n, self.config.max_model_len)
         return kv.num_blocks_to_allocate(req, need, hits) + wm <= free
+
+    # ------------------------------------------------------ prefill cadence
+    # prefill_schedule_interval N > 1, as vLLM 0.33 applies it without data
+    # parallelism (Scheduler.schedule, ``local_prefill_interval``): a step
+    # holds prefill back while fewer than N executed steps (steps that
+    # scheduled a token) have passed since the last one that carried prefill,
+    # unless nothing running decodes or the last step that did not hold could
+    # not drain the waiting queue (``prefill_capacity_bound``). A held step
+    # skips running prefill chunks and admits no request with prompt left.
+
+    def _init_prefill_cadence(self) -> None:
+        self.cadence = self.config.prefill_schedule_interval > 1
+        self._num_executed_steps = 0
+        # vLLM: a full interval back, so the first step is never held.
+        self._last_prefill_step = -self.config.prefill_schedule_interval
+        self._capacity_bound = False
+        # Running requests whose last chunk stopped short of their tokens
+        # (vLLM ``Request.is_prefill_chunk``); kept only with a cadence.
+        self._prefill_chunks: set[Request] = set()
+        self._prefill_held = False          # this step holds prefill back
+        self._carried_prefill = False       # this step ran a prefill chunk or admitted a prompt
+
+    def _steps_prefill_held(self) -> int:
+        """How many of the next steps hold prefill back, if each of them runs a decode."""
+        if not self.cadence or self._capacity_bound:
+            return 0
+        interval = self.config.prefill_schedule_interval
+        return max(0, interval - 1 - (self._num_executed_steps - self._last_prefill_step))
+
+    def _hold_prefill_now(self) -> None:
+        self._carried_prefill = False
+        self._prefill_held = (self._steps_prefill_held() > 0
+                              and any(r not in self._prefill_chunks for r in self.running))
+
+    @staticmethod
+    def _admits_prompt(req: Request, num_hit: int) -> bool:
+        """vLLM's ``num_computed_tokens < num_tokens - 1``: the admission computes
+        prompt (a prefix hit that leaves only the last token does not count)."""
+        return num_hit < req.num_tokens - 1
+
+    def _note_capacity_bound(self) -> None:
+        """After the waiting loop of a step that did not hold prefill: was the
+        queue left non-empty? (vLLM: ``num_waiting > len(deferred_waiting)``;
+        kvsim skips no waiting request.)"""
+        if self.cadence and not self._prefill_held:
+            self._capacity_bound = len(self.waiting) > 0
+
+    def _after_step_cadence(self, plan: StepPlan) -> None:
+        """vLLM ``_update_after_schedule`` (is_prefill_chunk) and the cadence counters."""
+        if not self.cadence:
+            return
+        chunks = self._prefill_chunks
+        for req, _, _ in plan.scheduled:
+            if req.num_computed_tokens < req.num_tokens:
+                chunks.add(req)
+            else:
+                chunks.discard(req)
+        if plan.scheduled:
+            self._num_executed_steps += 1
+        if self._carried_prefill:
+            self._last_prefill_step = self._num_executed_steps
+
+    def _steps_head_stays_held(self, head: Request, num_hit: int, max_steps: int) -> int:
+        """The waiting head fits now: how many decode steps still admit nothing.
+
+        Only steps that hold prefill back, and only while the head has prompt
+        left: its hit grows only when a running request caches the block it
+        misses next (A4, before the waiting loop), so the run stops before
+        that step; eviction only shortens the hit.
+        """
+        steps = min(self._steps_prefill_held(), max_steps)
+        if steps == 0 or not self._admits_prompt(head, num_hit):
+            return 0
+        j = num_hit // self.kv.block_size
+        if (not self.kv.enable_caching or head.num_computed_tokens
+                or j >= (head.num_tokens - 1) // self.kv.block_size):
+            return steps
+        first = self.kv.first_step_caching(self.running, [r.num_computed_tokens for r in self.running],
+                                           head.block_hashes[j], steps)
+        return steps if first is None else first - 1
+
+    def apply_decode_run(self, run: DecodeRun, num_steps: int, token_times: list[float]) -> list[Request]:
+        """The run's steps, then their cadence counters: each one executed, none
+        carried prefill, and the first that did not hold prefill back saw the
+        waiting queue as it is now (nothing joins or leaves it during a run)."""
+        held = self._steps_prefill_held()
+        finished = super().apply_decode_run(run, num_steps, token_times)
+        if self.cadence:
+            if num_steps > held:
+                self._capacity_bound = len(self.waiting) > 0
+            self._num_executed_steps += num_steps
+        return finished
+
+
+def step_token_budget(config: SchedulerConfig) -> int:
+    """The tokens one step may schedule (vLLM 0.33 ``Scheduler.schedule``).
+
+    vLLM keeps two budgets: ``token_budget = max_num_scheduled_tokens`` (what
+    the scheduler issues; default ``max_num_batched_tokens``) and
+    ``input_budget = max_num_batched_tokens`` (what the runner takes, less the
+    draft slots of each request under speculative decoding). Each chunk is
+    ``min(wanted, token_budget, input_budget - draft_slots)`` and both shrink
+    by it, so without draft slots they are one budget: the smaller.
+    """
+    scheduled = config.max_num_scheduled_tokens
+    if scheduled is None:
+        return config.max_num_batched_tokens
+    return min(scheduled, config.max_num_batched_tokens)
 
 
 def _steps_before_a_block_runs_out(nth_allocation, num_free: int, num_seqs: int,
