@@ -400,3 +400,30 @@ def test_a_real_full_disk_leaves_the_old_files(tmp_path: Path):
         assert (disk / "out" / "summary.json").read_text() == "OLD\n"
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_only_the_engine_stopping_is_reported_as_such(tmp_path: Path, monkeypatch, capsys):
+    """``EngineError`` (swap space exhausted, ...) is a one-line error; any other
+    exception is a bug in kvsim and is not dressed up as the engine stopping."""
+    import importlib
+
+    from kvsim.cli import main
+    from kvsim.sched.errors import EngineError
+
+    simulate_module = importlib.import_module("kvsim.scenario.simulate")
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(scenario_with()))
+
+    def stops(*args, **kwargs):
+        raise EngineError("swap space exhausted: request r1 needs 3 CPU blocks, 0 free")
+
+    monkeypatch.setattr(simulate_module, "simulate", stops)
+    assert main(["run", str(scenario)]) == 1
+    assert "the simulation stopped: swap space exhausted" in capsys.readouterr().err
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("an invariant broke")
+
+    monkeypatch.setattr(simulate_module, "simulate", bug)
+    with pytest.raises(RuntimeError, match="an invariant broke"):
+        main(["run", str(scenario)])
