@@ -78,8 +78,8 @@ def state(s: ChunkedScheduler) -> dict:
         "cached": dict(s.kv.num_cached_block),
         "free_queue": s.kv.free_queue(),
         "block_hash": list(s.kv.pool.block_hash),
-        "cadence": (s._num_executed_steps, s._last_prefill_step, s._capacity_bound,
-                    sorted(r.request_id for r in s._prefill_chunks)),
+        "cadence": (s.cadence.num_executed_steps, s.cadence.last_prefill_step, s.cadence.capacity_bound,
+                    sorted(r.request_id for r in s.cadence.chunks)),
     }
 
 
@@ -286,3 +286,65 @@ def test_the_queue_limits_apply_to_every_scheduler():
                           "output_len": {"type": "fixed", "value": 20}}
         result = kvsim.simulate(sc)
         assert result.summary["failed"] >= 1, scheduler
+
+
+# ------------------------------------------- the cadence with a KV connector
+
+def connector_run(specs, connector, fast_path=True, **cfg):
+    from dataclasses import replace
+
+    from test_connector import CONFIG
+    steps: list[dict] = []
+    engine = run_engine(specs, replace(CONFIG, **cfg), connector=connector, trace=steps.append,
+                        fast_path=fast_path)
+    return engine, steps
+
+
+def test_a_request_the_connector_skipped_does_not_lift_the_hold():
+    # Interval 3. X and C arrive while A decodes; the step at t=6 admits X (a
+    # prefill) and skips C (the connector cannot tell yet). vLLM counts C in
+    # deferred_waiting, so that step drained what it could: the hold is not
+    # lifted, and C waits for the release step at t=9 (not t=7).
+    from helpers import spec as hspec
+    from test_connector import Scripted
+    class UnknownUntil(Scripted):
+        def finished_transfers(self, now):
+            unknown = set(self.unknown) if now < 7.0 else set()
+            done = super().finished_transfers(now)
+            self.unknown = unknown              # C is answered from the step at t=7 on
+            return done
+
+    specs = [hspec("A", range(1, 9), max_tokens=30), hspec("X", range(11, 19), max_tokens=5, arrival=5.5),
+             hspec("C", range(21, 29), max_tokens=5, arrival=5.5)]
+    _, steps = connector_run(specs, UnknownUntil(unknown={"C"}), prefill_schedule_interval=3)
+    assert [s["start_time"] for s in steps if "X" in s["prefix_hit_tokens"]] == [6.0]
+    assert [s["start_time"] for s in steps if "C" in s["prefix_hit_tokens"]] == [9.0]
+
+
+def test_a_held_step_still_starts_an_asynchronous_load():
+    # vLLM: an async KV load schedules no prefill work, so a held step starts it.
+    from helpers import spec as hspec
+    from test_connector import Scripted
+    specs = [hspec("A", range(1, 9), max_tokens=30), hspec("R", range(100, 140), max_tokens=3, arrival=1.5)]
+    connector = Scripted(hits={"R": 32}, load_s=0.25)
+    _, steps = connector_run(specs, connector, prefill_schedule_interval=6)
+    assert connector.allocated["R"][1] == 32                 # the load started at t=2, a held step
+    assert [s["start_time"] for s in steps if "R" in s["scheduled"]][0] == 6.0   # its prefill waits
+
+
+def test_the_fast_path_agrees_with_a_connector_and_a_prefill_cadence():
+    from helpers import spec as hspec
+    from test_connector import Scripted
+
+    def sc(fast):
+        specs = [hspec(f"r{i}", range(1000 * i, 1000 * i + 20 + (i * 7) % 30), max_tokens=5 + i % 29,
+                       arrival=(i // 8) * 20.0 + (i % 8) * 0.125) for i in range(40)]
+        connector = Scripted(hits={f"r{i}": 24 for i in range(0, 40, 3)}, load_s=3.25,
+                             unknown={f"r{i}" for i in range(1, 40, 7)})
+        engine, steps = connector_run(specs, connector, fast_path=fast, prefill_schedule_interval=4)
+        return steps, sorted((r.request_id, r.finish_time, tuple(r.token_times)) for r in engine.done), engine
+
+    fast_steps, fast_done, fast = sc(True)
+    slow_steps, slow_done, _ = sc(False)
+    assert fast_steps == slow_steps and fast_done == slow_done
+    assert fast.num_run_steps > 0

@@ -12,26 +12,35 @@ This is the reference path: it follows ``vllm/v1/core/sched/scheduler.py``
 from __future__ import annotations
 
 from kvsim.sched.base import DecodeRun, StepPlan, commit_scheduled, record_admission, sample_tokens
+from kvsim.sched.cadence import PrefillCadence
 from kvsim.sched.config import SchedulerConfig
+from kvsim.sched.connector import KVConnector, KVTransfers
 from kvsim.sched.paged import PagedScheduler
 from kvsim.sched.queues import make_waiting_queue
 from kvsim.sched.request import Request, RequestStatus
 
 
+SKIP = "skip"          # try_admission: leave this request for a later step, try the next
+
 
 class ChunkedScheduler(PagedScheduler):
-    """vLLM V1 ``Scheduler`` in synchronous mode, with fake one-token outputs."""
+    """vLLM V1 ``Scheduler`` in synchronous mode, with fake one-token outputs.
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    With a ``connector`` (sched/connector.py) some KV comes from outside the
+    GPU cache: a P/D prefill replica, offload tiers.
+    """
+
+    def __init__(self, config: SchedulerConfig, connector: KVConnector | None = None) -> None:
         super().__init__(config)
         self.waiting = make_waiting_queue(config.policy)
         # N2: vLLM sizes the watermark on all blocks, the null block included.
         self.watermark_blocks = int(config.watermark * config.num_gpu_blocks)
+        self.transfers = KVTransfers(connector) if connector is not None else None
         # vLLM 0.33 Scheduler.__init__: admission into RUNNING stops at
         # max_num_active_seqs (max_num_seqs still sizes the runner).
         self.max_num_active_reqs = config.max_num_active_seqs or config.max_num_seqs
-        self.token_budget = step_token_budget(config)
-        self._init_prefill_cadence()
+        self.token_budget = config.step_token_budget
+        self.cadence = PrefillCadence(config.prefill_schedule_interval)
 
     # ------------------------------------------------------------ protocol
 
@@ -39,46 +48,78 @@ class ChunkedScheduler(PagedScheduler):
         self.waiting.add(req)
 
     def has_requests(self) -> bool:
-        return bool(self.running) or bool(len(self.waiting))
+        t = self.transfers
+        return (bool(self.running) or bool(len(self.waiting))
+                or (t is not None and bool(len(t) or t.num_sending)))
 
     def get_request_counts(self) -> tuple[int, int]:
-        return len(self.running), len(self.waiting)
+        holding = len(self.transfers) if self.transfers is not None else 0
+        return len(self.running), len(self.waiting) + holding
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         self.refresh_threshold()
-        self._hold_prefill_now()
+        self.cadence.start_step(self.running)
         budget = self._schedule_running(plan, self.token_budget)
         if not plan.preempted:
             # S3: a step that preempted admits nothing.
             self._schedule_waiting(plan, budget)
-            self._note_capacity_bound()
+            self.cadence.note_capacity_bound(len(self.waiting))
         commit_scheduled(plan)
-        self._after_step_cadence(plan)
+        self.cadence.end_step(plan.scheduled)
+        if self.transfers is not None:
+            plan.kv_wait_s = self.transfers.connector.step_wait_s(plan.scheduled)
         return plan
 
     def refresh_threshold(self) -> None:
         """N4: the threshold only stops a long prefill starving *other* requests;
         alone in the system, a request may use the whole budget.
 
-        With ``long_prefill_token_threshold_adaptive`` (vLLM 0.33
-        ``Scheduler.schedule``) a set threshold is floored at the fair share
-        ``max_num_batched_tokens // (running + waiting)``: the input budget,
+        vLLM counts ``get_request_counts()``: the running, the waiting and the
+        KV-holding requests. With ``long_prefill_token_threshold_adaptive``
+        (vLLM 0.33 ``Scheduler.schedule``) a set threshold is floored at the
+        fair share ``max_num_batched_tokens // that count``: the input budget,
         not ``max_num_scheduled_tokens``.
         """
         cfg = self.config
-        num_in_system = len(self.running) + len(self.waiting)
+        num_in_system = sum(self.get_request_counts())
         threshold = cfg.long_prefill_token_threshold if num_in_system > 1 else 0
         if threshold > 0 and cfg.long_prefill_token_threshold_adaptive:
             threshold = max(threshold, cfg.max_num_batched_tokens // num_in_system)
         self._threshold = threshold
 
     def update_from_output(self, plan: StepPlan, now: float) -> list[Request]:
-        """Every request whose chunk reached its last token samples one (S7)."""
-        return self.finish_requests(sample_tokens(plan, now), now)
+        """Every request whose chunk reached its last token samples one (S7);
+        then the KV transfers that completed during the step are taken in."""
+        finished = self.finish_requests(sample_tokens(plan, now), now)
+        self._after_step(now)
+        return finished
+
+    # ------------------------------------------------------ KV connector
+
+    def _free_finished(self, req: Request) -> None:
+        t = self.transfers
+        if t is not None and t.connector.request_finished(req, list(self.kv.get_blocks(req.request_id))):
+            t.keep_for_sending(req)          # a reader still needs the blocks (finished_sending)
+        else:
+            self.kv.free(req)
+
+    def _after_step(self, now: float) -> None:
+        if self.transfers is not None:
+            for req in self.transfers.poll(now):
+                self.kv.free(req)
+
+    def next_wakeup_time(self) -> float:
+        if self.transfers is None:
+            return float("inf")
+        return self.transfers.connector.next_transfer_done_time()
 
     def pop_unschedulable(self) -> Request | None:
-        return self.waiting.pop() if len(self.waiting) else None
+        if not len(self.waiting):
+            return None
+        req = self.waiting.pop()
+        self.cadence.deferred.discard(req)
+        return req
 
     # ---------------------------------------------------------- decode runs
 
@@ -94,9 +135,7 @@ class ChunkedScheduler(PagedScheduler):
         batch = self._decoding_batch()
         if batch is None or len(self.running) > self.token_budget:
             return None
-        if self._prefill_chunks and any(r in self._prefill_chunks for r in self.running):
-            # A chunk that stopped one token short of its end looks like a
-            # decode, but a held step skips it (prefill_schedule_interval): step.
+        if self.cadence.blocks_run(self.running):
             return None
         max_steps, context_sum = batch
         self.refresh_threshold()
@@ -108,7 +147,7 @@ class ChunkedScheduler(PagedScheduler):
 
         Nothing is admitted while the queue is empty, ``max_num_active_seqs``
         is reached or the decodes use the whole budget. Otherwise the head must
-        not fit now (or the steps hold prefill back, ``_steps_prefill_held``),
+        not fit now (or the steps hold prefill back, sched/cadence.py),
         and it still will not during the run: free blocks only
         shrink, and with ``scheduler_reserve_full_isl`` losing a prefix hit
         to eviction never lowers the blocks its whole sequence needs (a hit
@@ -118,15 +157,19 @@ class ChunkedScheduler(PagedScheduler):
         served): the run stops before that step.
         """
         cfg = self.config
-        if not len(self.waiting):
-            return max_steps
         budget = self.token_budget - len(self.running)
-        if len(self.running) >= self.max_num_active_reqs or budget <= 0:
+        shut = len(self.running) >= self.max_num_active_reqs or budget <= 0
+        if self.transfers is not None and not shut and self.transfers.may_change():
+            return 0                              # a request whose KV arrived may start
+        if not len(self.waiting) or shut:
             return max_steps
+        if self.transfers is not None:
+            return 0                              # its external hit may change: step
         head = self.waiting.peek()
-        admission = self.try_admission(head, budget)
-        if admission is not None:
-            return self._steps_head_stays_held(head, admission[1], max_steps)
+        admission = self.try_admission(head, budget)     # no connector here: never SKIP
+        if admission is not None:                        # admitted now, unless the step holds it
+            return self.cadence.steps_head_stays_held(head, admission[1], max_steps, self.kv,
+                                                      self.running)
         if not self.kv.enable_caching or head.num_computed_tokens:
             return max_steps
         hits, _ = self.kv.get_computed_blocks(head)
@@ -168,8 +211,8 @@ class ChunkedScheduler(PagedScheduler):
                     break
             scheduled.append((req, n, computed))
             scheduled_now[req.request_id] = n
-            if req in self._prefill_chunks:
-                self._carried_prefill = True        # prefill_schedule_interval: a prefill chunk ran
+            if req in self.cadence.chunks:
+                self.cadence.carried = True         # prefill_schedule_interval: a prefill chunk ran
             budget -= n
             i += 1
         return budget
@@ -180,8 +223,8 @@ class ChunkedScheduler(PagedScheduler):
         What it still wants, cut to the long-prefill threshold and the budget;
         one slot stays free for the token this step samples.
         """
-        if self._prefill_held and req in self._prefill_chunks:
-            return 0                                # prefill_schedule_interval: skipped
+        if self.cadence.skips(req):
+            return 0                                # prefill_schedule_interval: a held step
         computed = req.num_computed_tokens
         n = req.prompt_len + req.num_output_tokens - computed      # num_tokens - computed
         if 0 < self._threshold < n:
@@ -232,47 +275,119 @@ class ChunkedScheduler(PagedScheduler):
     # ------------------------------------------------------------- waiting
 
     def _schedule_waiting(self, plan: StepPlan, budget: int) -> int:
-        """S3-S5: admit from the waiting queue until a request does not fit."""
+        """S3-S5: admit from the waiting queue until a request does not fit.
+
+        Requests that hold KV blocks (a connector's load, sched/connector.py)
+        are served first, as vLLM serves ``kv_holding_waiting``.
+        """
+        if self.transfers is not None and len(self.transfers):
+            budget = self._schedule_holding(plan, budget)
+            if budget is None:
+                return 0
+        skipped = []
         while budget > 0 and len(self.waiting):
             if len(self.running) >= self.max_num_active_reqs:
                 break                               # TV9: the cap counts running requests
             req = self.waiting.peek()
             admission = self.try_admission(req, budget)
+            if admission is SKIP:
+                skipped.append(self.waiting.pop())
+                self.cadence.defer(req)
+                continue
             if admission is None:
                 break                               # TV10: head-of-line blocking
-            hits, num_hit, n = admission
-            if self._prefill_held and self._admits_prompt(req, num_hit):
+            hits, num_hit, n, num_external, load_async = admission
+            if not load_async and self.cadence.holds(req, num_hit + num_external):
                 break                               # prefill_schedule_interval: a held step
-            self.kv.allocate_slots(req, n, num_hit, hits)
+            self.kv.allocate_slots(req, n, num_hit, hits, num_external_computed_tokens=num_external,
+                                   delay_cache_blocks=load_async)
             self.waiting.pop()
+            self.cadence.deferred.discard(req)      # an async load counts as holding from now
+            if num_external:
+                self.transfers.connector.update_state_after_alloc(
+                    req, list(self.kv.get_blocks(req.request_id)), num_external)
+            if load_async:
+                self.transfers.start_load(req, num_hit + num_external)
+                continue
             self.running.append(req)
-            record_admission(plan, req, num_hit, n)
-            if self.cadence and self._admits_prompt(req, num_hit):
-                self._carried_prefill = True
+            record_admission(plan, req, num_hit + num_external, n)
+            self.cadence.admitted(req, num_hit + num_external)
+            budget -= n
+        for req in reversed(skipped):               # skipped requests keep their order (N5)
+            self.waiting.prepend(req)
+        return budget
+
+    def _schedule_holding(self, plan: StepPlan, budget: int) -> int | None:
+        """Requests whose KV was loaded asynchronously, in the order they got their
+        blocks; None when the waiting queue must not be served in this step."""
+        t = self.transfers
+        for req in list(t.holding):
+            if budget <= 0 or len(self.running) >= self.max_num_active_reqs:
+                return None
+            arrived = t.ready(req)
+            if arrived is None:
+                continue                            # still loading: skipped this step
+            if arrived:
+                self.kv.cache_blocks(req, arrived)  # cached once the KV is there
+            if self.cadence.holds(req, req.num_computed_tokens):
+                return None                         # prefill_schedule_interval: a held step
+            n = self._prefill_chunk(req, req.num_computed_tokens, budget)
+            cfg = self.config
+            fit = min(req.num_tokens, cfg.max_model_len) if cfg.scheduler_reserve_full_isl else None
+            if n is None or not self._can_admit(req, n, req.num_computed_tokens, [], fit):
+                return None
+            self.kv.allocate_slots(req, n)
+            t.holding.remove(req)
+            self.running.append(req)
+            record_admission(plan, req, req.num_computed_tokens, n)
+            self.cadence.admitted(req, req.num_computed_tokens)
             budget -= n
         return budget
 
-    def try_admission(self, req: Request, budget: int) -> tuple[list[int], int, int] | None:
-        """(prefix-hit blocks, hit tokens, chunk) if ``req`` can be admitted now, else None.
-
-        Read-only: the lookup (H3, H4) and the fit checks (S4, N1, N2), not the
-        allocation.
-        """
-        cfg = self.config
-        if req.num_computed_tokens == 0:
-            hits, num_hit = self.kv.get_computed_blocks(req)
-        else:
-            hits, num_hit = [], req.num_computed_tokens
-        n = req.num_tokens - num_hit
+    def _prefill_chunk(self, req: Request, num_computed: int, budget: int) -> int | None:
+        """S4: the chunk a waiting request gets: the rest of its tokens, cut to the
+        threshold and the budget; None when chunking is off and it does not fit."""
+        n = req.num_tokens - num_computed
         if 0 < self._threshold < n:
             n = self._threshold
-        if not cfg.enable_chunked_prefill and n > budget:
+        if not self.config.enable_chunked_prefill and n > budget:
             return None                             # S4 [new]: break, do not skip
-        n = min(n, budget)
+        return min(n, budget)
+
+    def try_admission(self, req: Request, budget: int):
+        """What admitting ``req`` now would do, or None (it does not fit: the queue
+        stops here), or ``SKIP`` (a connector cannot tell yet: try the next one).
+
+        Returns (prefix-hit blocks, hit tokens, chunk, external tokens, load
+        asynchronously). Read-only: the lookups (H3, H4, the connector's) and
+        the fit checks (S4, N1, N2), not the allocation.
+        """
+        cfg = self.config
+        num_external, load_async = 0, False
+        if req.num_computed_tokens == 0:
+            hits, num_hit = self.kv.get_computed_blocks(req)
+            if self.transfers is not None:
+                num_external, load_async = self.transfers.connector.get_num_new_matched_tokens(req, num_hit)
+                if num_external is None:
+                    return SKIP
+                if num_hit + num_external > req.num_tokens:
+                    raise ValueError(f"KV connector: {num_external} external tokens past a hit of "
+                                     f"{num_hit} for request {req.request_id} of {req.num_tokens} "
+                                     f"tokens")
+                load_async = load_async and num_external > 0
+        else:
+            hits, num_hit = [], req.num_computed_tokens
+        num_computed = num_hit + num_external
+        if load_async:
+            n = 0                                   # no work until the KV has arrived
+        else:
+            n = self._prefill_chunk(req, num_computed, budget)
+            if n is None:
+                return None
         fit = min(req.num_tokens, cfg.max_model_len) if cfg.scheduler_reserve_full_isl else None
-        if not self._can_admit(req, n, num_hit, hits, fit):
+        if not self._can_admit(req, n, num_computed, hits, fit):
             return None
-        return hits, num_hit, n
+        return hits, num_hit, n, num_external, load_async
 
     def _can_admit(self, req: Request, n: int, num_hit: int, hits: list[int],
                    full_tokens: int | None) -> bool:
@@ -292,114 +407,11 @@ class ChunkedScheduler(PagedScheduler):
         need = min(num_hit + n, self.config.max_model_len)
         return kv.num_blocks_to_allocate(req, need, hits) + wm <= free
 
-    # ------------------------------------------------------ prefill cadence
-    # prefill_schedule_interval N > 1, as vLLM 0.33 applies it without data
-    # parallelism (Scheduler.schedule, ``local_prefill_interval``): a step
-    # holds prefill back while fewer than N executed steps (steps that
-    # scheduled a token) have passed since the last one that carried prefill,
-    # unless nothing running decodes or the last step that did not hold could
-    # not drain the waiting queue (``prefill_capacity_bound``). A held step
-    # skips running prefill chunks and admits no request with prompt left.
-
-    def _init_prefill_cadence(self) -> None:
-        self.cadence = self.config.prefill_schedule_interval > 1
-        self._num_executed_steps = 0
-        # vLLM: a full interval back, so the first step is never held.
-        self._last_prefill_step = -self.config.prefill_schedule_interval
-        self._capacity_bound = False
-        # Running requests whose last chunk stopped short of their tokens
-        # (vLLM ``Request.is_prefill_chunk``); kept only with a cadence.
-        self._prefill_chunks: set[Request] = set()
-        self._prefill_held = False          # this step holds prefill back
-        self._carried_prefill = False       # this step ran a prefill chunk or admitted a prompt
-
-    def _steps_prefill_held(self) -> int:
-        """How many of the next steps hold prefill back, if each of them runs a decode."""
-        if not self.cadence or self._capacity_bound:
-            return 0
-        interval = self.config.prefill_schedule_interval
-        return max(0, interval - 1 - (self._num_executed_steps - self._last_prefill_step))
-
-    def _hold_prefill_now(self) -> None:
-        self._carried_prefill = False
-        self._prefill_held = (self._steps_prefill_held() > 0
-                              and any(r not in self._prefill_chunks for r in self.running))
-
-    @staticmethod
-    def _admits_prompt(req: Request, num_hit: int) -> bool:
-        """vLLM's ``num_computed_tokens < num_tokens - 1``: the admission computes
-        prompt (a prefix hit that leaves only the last token does not count)."""
-        return num_hit < req.num_tokens - 1
-
-    def _note_capacity_bound(self) -> None:
-        """After the waiting loop of a step that did not hold prefill: was the
-        queue left non-empty? (vLLM: ``num_waiting > len(deferred_waiting)``;
-        kvsim skips no waiting request.)"""
-        if self.cadence and not self._prefill_held:
-            self._capacity_bound = len(self.waiting) > 0
-
-    def _after_step_cadence(self, plan: StepPlan) -> None:
-        """vLLM ``_update_after_schedule`` (is_prefill_chunk) and the cadence counters."""
-        if not self.cadence:
-            return
-        chunks = self._prefill_chunks
-        for req, _, _ in plan.scheduled:
-            if req.num_computed_tokens < req.num_tokens:
-                chunks.add(req)
-            else:
-                chunks.discard(req)
-        if plan.scheduled:
-            self._num_executed_steps += 1
-        if self._carried_prefill:
-            self._last_prefill_step = self._num_executed_steps
-
-    def _steps_head_stays_held(self, head: Request, num_hit: int, max_steps: int) -> int:
-        """The waiting head fits now: how many decode steps still admit nothing.
-
-        Only steps that hold prefill back, and only while the head has prompt
-        left: its hit grows only when a running request caches the block it
-        misses next (A4, before the waiting loop), so the run stops before
-        that step; eviction only shortens the hit.
-        """
-        steps = min(self._steps_prefill_held(), max_steps)
-        if steps == 0 or not self._admits_prompt(head, num_hit):
-            return 0
-        j = num_hit // self.kv.block_size
-        if (not self.kv.enable_caching or head.num_computed_tokens
-                or j >= (head.num_tokens - 1) // self.kv.block_size):
-            return steps
-        first = self.kv.first_step_caching(self.running, [r.num_computed_tokens for r in self.running],
-                                           head.block_hashes[j], steps)
-        return steps if first is None else first - 1
-
     def apply_decode_run(self, run: DecodeRun, num_steps: int, token_times: list[float]) -> list[Request]:
-        """The run's steps, then their cadence counters: each one executed, none
-        carried prefill, and the first that did not hold prefill back saw the
-        waiting queue as it is now (nothing joins or leaves it during a run)."""
-        held = self._steps_prefill_held()
+        """The run's steps, and their prefill cadence counters (sched/cadence.py)."""
         finished = super().apply_decode_run(run, num_steps, token_times)
-        if self.cadence:
-            if num_steps > held:
-                self._capacity_bound = len(self.waiting) > 0
-            self._num_executed_steps += num_steps
+        self.cadence.after_run(num_steps, len(self.waiting))
         return finished
-
-
-def step_token_budget(config: SchedulerConfig) -> int:
-    """The tokens one step may schedule (vLLM 0.33 ``Scheduler.schedule``).
-
-    vLLM keeps two budgets: ``token_budget = max_num_scheduled_tokens`` (what
-    the scheduler issues; default ``max_num_batched_tokens``) and
-    ``input_budget = max_num_batched_tokens`` (what the runner takes, less the
-    draft slots of each request under speculative decoding). Each chunk is
-    ``min(wanted, token_budget, input_budget - draft_slots)`` and both shrink
-    by it, so without draft slots they are one budget: the smaller.
-    """
-    scheduled = config.max_num_scheduled_tokens
-    if scheduled is None:
-        return config.max_num_batched_tokens
-    return min(scheduled, config.max_num_batched_tokens)
-
 
 def _steps_before_a_block_runs_out(nth_allocation, num_free: int, num_seqs: int,
                                    max_steps: int) -> int:

@@ -39,6 +39,21 @@ class SchedulerConfig:
     swap_block_bytes: int = 0                 # bytes of one block, for swap traffic
     debug: bool = False                       # keep tokens per block; check every hit
 
+    @property
+    def step_token_budget(self) -> int:
+        """The tokens one step may schedule (vLLM 0.33 ``Scheduler.schedule``).
+
+        vLLM keeps two budgets: ``token_budget = max_num_scheduled_tokens``
+        (what the scheduler issues; default ``max_num_batched_tokens``) and
+        ``input_budget = max_num_batched_tokens`` (what the runner takes, less
+        the draft slots of each request under speculative decoding). Each chunk
+        is ``min(wanted, token_budget, input_budget - draft_slots)`` and both
+        shrink by it, so without draft slots they are one budget: the smaller.
+        """
+        if self.max_num_scheduled_tokens is None:
+            return self.max_num_batched_tokens
+        return min(self.max_num_scheduled_tokens, self.max_num_batched_tokens)
+
     def make_kv_manager(self):
         """The paged KV manager these settings describe."""
         from kvsim.kv.manager import KVCacheManager

@@ -36,6 +36,7 @@ def final_num_tokens(prompt_len: int, max_tokens: int, max_model_len: int) -> in
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"   # its KV is being loaded (sched/connector.py)
     RUNNING = "running"
     PREEMPTED = "preempted"
     SWAPPED = "swapped"
