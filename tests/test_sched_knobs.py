@@ -265,6 +265,7 @@ BASE = {"name": "k", "model": "llama-3.1-8b",
     ({"scheduler": "continuous", "prefill_schedule_interval": 4},
      ("engine.prefill_schedule_interval", "got 4", "only the chunked", "continuous")),
     ({"scheduler": "static", "max_num_active_seqs": 4}, ("engine.max_num_active_seqs", "static")),
+    ({"max_num_batched_tokens": 32}, ("engine.max_num_seqs", "got 64", "max_num_batched_tokens (32)")),
 ])
 def test_values_vllm_refuses_are_one_line_naming_the_key(engine, needles):
     sc = copy.deepcopy(BASE)

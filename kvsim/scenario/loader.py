@@ -145,7 +145,8 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
         raise ScenarioError("engine.preemption_mode: got 'swap'; the chunked (vLLM V1) scheduler "
                             "only preempts by recompute; allowed: recompute (swap needs "
                             "scheduler: continuous)")
-    _check_scheduler_knobs(eng, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+    _check_scheduler_knobs(eng, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                           max_num_batched_tokens=max_num_batched_tokens)
     watermark = eng.watermark if eng.watermark is not None else (
         0.01 if eng.scheduler == "continuous" else 0.0)
     block_bytes = model.kv_bytes_per_block(eng.block_size, eng.kv_cache_dtype, tp)
@@ -189,7 +190,8 @@ _CHUNKED_ONLY = {"max_num_scheduled_tokens": None, "max_num_active_seqs": None,
                  "long_prefill_token_threshold_adaptive": False, "prefill_schedule_interval": 1}
 
 
-def _check_scheduler_knobs(eng, *, max_num_seqs: int, max_model_len: int) -> None:
+def _check_scheduler_knobs(eng, *, max_num_seqs: int, max_model_len: int,
+                           max_num_batched_tokens: int) -> None:
     """The scheduler settings vLLM refuses at start-up (vllm/config/scheduler.py
     ``SchedulerConfig.verify_max_model_len``), and V1 knobs on a V0-style scheduler."""
     if eng.scheduler != "chunked":
@@ -198,6 +200,11 @@ def _check_scheduler_knobs(eng, *, max_num_seqs: int, max_model_len: int) -> Non
             if value != off:
                 raise ScenarioError(f"engine.{key}: got {value!r}; only the chunked (vLLM V1) scheduler "
                                     f"has it, not {eng.scheduler}; remove it or use scheduler: chunked")
+    if eng.scheduler != "static" and max_num_batched_tokens < max_num_seqs:
+        # (the defaults never do this: max_num_seqs defaults to at most the budget)
+        raise ScenarioError(f"engine.max_num_seqs: got {max_num_seqs}; vLLM refuses more than "
+                            f"max_num_batched_tokens ({max_num_batched_tokens}), which must be >= "
+                            f"max_num_seqs; lower it or raise engine.max_num_batched_tokens")
     if eng.max_num_active_seqs is not None and eng.max_num_active_seqs > max_num_seqs:
         raise ScenarioError(f"engine.max_num_active_seqs: got {eng.max_num_active_seqs}; it cannot be "
                             f"greater than max_num_seqs ({max_num_seqs}), as vLLM refuses")
