@@ -75,7 +75,7 @@ def render_view(folder: str | Path) -> str:
 def _run_page(folder: Path) -> tuple[str, str]:
     from kvsim import plots
 
-    summary = json.loads((folder / "summary.json").read_text())
+    summary = _summary(folder / "summary.json")
     name = summary.get("scenario") or folder.resolve().name
     parts = [f'<p class="note">kvsim run of <b>{_e(name)}</b> (scheduler {_e(summary.get("scheduler", "?"))}), '
              f"folder {_e(str(folder))}. Times are simulated.</p>"]
@@ -87,15 +87,16 @@ def _run_page(folder: Path) -> tuple[str, str]:
     if steps is not None and len(steps):
         parts.append("<h2>KV cache and queues over time</h2>" + _figure(plots.kv_timeline(steps, name)))
         parts.append("<h2>What each step computes</h2>" + _figure(plots.batch_timeline(steps, name)))
-    metrics = _csv(folder / "metrics.csv")
+    metrics = _csv(folder / "metrics.csv", needs=("time_s", "vllm:prefix_cache_queries_total",
+                                                  "vllm:prefix_cache_hits_total"))
     if metrics is not None and len(metrics) > 1:
         parts.append("<h2>Prefix cache hit rate per scrape (vLLM's counters)</h2>" + _figure(_hit_rate(metrics, name)))
-    requests = _csv(folder / "requests.csv")
+    columns = ["request_id", "arrival_time_s", "e2el_s", "num_prompt_tokens", "num_output_tokens",
+               "num_cached_tokens", "num_preemptions", "status"]
+    requests = _csv(folder / "requests.csv", needs=("finish_time_s", *columns[:2], *columns[3:]))
     if requests is not None and len(requests):
         slow = requests.assign(e2el_s=requests["finish_time_s"] - requests["arrival_time_s"])
         slow = slow.sort_values("e2el_s", ascending=False, kind="stable").head(10)
-        columns = ["request_id", "arrival_time_s", "e2el_s", "num_prompt_tokens", "num_output_tokens",
-                   "num_cached_tokens", "num_preemptions", "status"]
         parts.append("<h2>The ten slowest requests</h2>" + _table(slow[columns]))
     return f"kvsim run: {name}", "\n".join(parts)
 
@@ -213,15 +214,36 @@ def _e(text) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _csv(path: Path) -> pd.DataFrame | None:
+def _summary(path: Path) -> dict:
+    """A run's summary.json; a broken one is a one-line error naming it."""
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a UTF-8 text file (byte {exc.start} cannot be decoded)") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(summary, dict):
+        raise ValueError(f"{path}: expected a JSON object (kvsim run's summary), got {type(summary).__name__}")
+    return summary
+
+
+def _csv(path: Path, needs: tuple[str, ...] = ()) -> pd.DataFrame | None:
+    """A table of the folder (None if absent or empty); a broken one is a
+    one-line error naming it and, for missing ``needs`` columns, them."""
     if not path.is_file():
         return None
     try:
-        return pd.read_csv(path)
+        table = pd.read_csv(path)
     except pd.errors.EmptyDataError:
         return None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a UTF-8 text file (byte {exc.start} cannot be decoded)") from None
     except pd.errors.ParserError as exc:
         raise ValueError(f"{path}: not a readable CSV ({str(exc).splitlines()[0]})") from None
+    missing = [c for c in needs if c not in table.columns]
+    if missing and len(table):
+        raise ValueError(f"{path}: missing column(s) {', '.join(missing)} (not written by kvsim?)")
+    return table
 
 
 # --------------------------------------------------------------------------- CLI
@@ -237,9 +259,13 @@ def add_parser(subparsers) -> None:
 
 
 def view_command(args: argparse.Namespace) -> int:
+    from kvsim.scenario.outputs import atomic_open, check_output_file
+
     page = render_view(args.folder)
     out = args.out or args.folder / "index.html"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(page, encoding="utf-8")
+    option = "--out" if args.out else "RUN_OR_SWEEP_DIR"
+    check_output_file(out, option=option)
+    with atomic_open(out, option=option) as f:  # an old page stays whole if this fails
+        f.write(page)
     print(out)
     return 0

@@ -297,8 +297,9 @@ def test_attribution_charges_builtins_and_libraries_to_their_kvsim_caller(tmp_pa
     import pstats
     assert got["total_s"] == pytest.approx(pstats.Stats(profiler).total_tt, rel=1e-9)
     assert set(got["components"]) <= {"output writing", "unattributed"}
-    # Only the profiler's own disable() call has no kvsim caller.
-    assert got["components"]["output writing"] / got["total_s"] > 0.99
+    # Only the profiler's own disable() call has no kvsim caller (its share
+    # grows on a loaded machine: a bound, not a timing).
+    assert got["components"]["output writing"] / got["total_s"] > 0.9
     # The functions charged: tables.py's own, each with its exact number of calls.
     calls = {f["function"].split(" ")[0]: f["calls"] for f in got["top"]}
     assert all("(kvsim/metrics/tables.py:" in f["function"] for f in got["top"])

@@ -111,6 +111,7 @@ class Case:
     setup: Callable[[Path], None] | None = None
     fault: str | None = None                  # KVSIM_TEST_FAULT
     outputs: bool = True                      # pass --out and --trace (with old files in them)
+    command: tuple[str, ...] | None = None    # another command line than `run s.yaml` ({tmp})
     signal_after_start: int | None = None     # send this signal once the run is under way
     # Files are renamed one by one: a rename refused midway leaves each output
     # file old or new (each whole), not all of them old.
@@ -297,6 +298,113 @@ CASES = [
 ]
 
 
+def run_folder(**files: str | bytes) -> Callable[[Path], None]:
+    """A `kvsim run --out` folder ``r/`` with these files (a valid summary.json unless given)."""
+    files = {"summary.json": '{"scenario": "x", "completed": 1}', **files}
+
+    def setup(tmp: Path) -> None:
+        for name, content in files.items():
+            write(f"r/{name}", content)(tmp)
+    return setup
+
+
+BENCH_RESULT = json.dumps({"start_times": [0.0, 0.5], "input_lens": [100, 100], "output_lens": [20, 20],
+                           "ttfts": [0.05, 0.05], "latencies": [0.5, 0.5], "errors": ["", ""]})
+SERVER = yaml.safe_dump({"name": "srv", "model": "llama-3.1-8b",
+                         "engine": {"num_gpu_blocks_override": 2000, "max_model_len": 4096},
+                         "cost_model": {"type": "roofline", "engine_preset": "vllm-v1"}})
+CALIBRATE = ("calibrate", "serve", "--scenario", "{tmp}/srv.yaml", "--max-evals", "2", "--fit", "step_s")
+
+
+def calibrate_files(**files: str | bytes) -> Callable[[Path], None]:
+    files = {"srv.yaml": SERVER, "a.json": BENCH_RESULT, **files}
+
+    def setup(tmp: Path) -> None:
+        for name, content in files.items():
+            write(name, content)(tmp)
+    return setup
+
+
+CASES += [
+    # --- the vLLM 0.33 scheduler knobs and queue limits ---
+    Case("prefill-interval-zero", 2, ("engine.prefill_schedule_interval", "got 0"),
+         overrides={"engine.prefill_schedule_interval": 0}),
+    Case("active-seqs-over-max-num-seqs", 2, ("engine.max_num_active_seqs", "max_num_seqs (8)"),
+         overrides={"engine.max_num_seqs": 8, "engine.max_num_active_seqs": 9}),
+    Case("v1-knob-on-continuous", 2, ("engine.max_num_scheduled_tokens", "only the chunked"),
+         overrides={"engine.scheduler": "continuous", "engine.max_num_scheduled_tokens": 256,
+                    "engine.max_num_batched_tokens": 2048}),
+    Case("threshold-over-max-model-len", 2, ("engine.long_prefill_token_threshold", "max_model_len (2048)"),
+         overrides={"engine.long_prefill_token_threshold": 4096}),
+    Case("queue-limit-refuses-everything", 1, ("every request failed (20 of 20)",
+                                               "20 x HTTP 503 (max_num_queued_reqs)"),
+         overrides={"engine.max_num_queued_reqs": 0}),
+    # --- vLLM command lines ---
+    Case("serve-args-unknown-flag", 2, ("--serve-args", "--bogus-flag", "not a vllm serve flag"),
+         args=("--serve-args=--bogus-flag 3",)),
+    Case("serve-args-bad-value", 2, ("--serve-args", "--max-num-seqs", "'abc'"),
+         args=("--serve-args=--max-num-seqs abc",)),
+    Case("serve-args-unbalanced-quote", 2, ("--serve-args", "No closing quotation"),
+         args=("--serve-args=--model 'x",)),
+    Case("serve-args-value-vllm-refuses", 2, ("--max-num-active-seqs 0", "vLLM refuses it"),
+         args=("--serve-args=--max-num-active-seqs 0",)),
+    Case("serve-args-in-the-file", 2, ("engine.serve_args", "--max-num-seqs 0"),
+         overrides={"engine.serve_args": "--max-num-seqs 0"}),
+    Case("bench-args-bad-choice", 2, ("--bench-args", "--dataset-name", "'nosuch'"),
+         args=("--bench-args=--dataset-name nosuch",)),
+    Case("bench-args-dataset-binary", 2, ("workload.bench.dataset_path", "d.json", "not valid JSON"),
+         args=("--bench-args=--dataset-name sharegpt --dataset-path {tmp}/d.json",),
+         setup=write("d.json", GARBAGE)),
+    Case("bench-in-the-file-unknown-key", 2, ("workload.bench.nosuchkey", "unknown key"),
+         overrides={"workload": {"bench": {"num_prompts": 3, "nosuchkey": 1}}}),
+    # --- kvsim view ---
+    Case("view-not-a-run-folder", 2, ("kvsim view", "neither a run folder"), outputs=False,
+         command=("view", "{tmp}/nothing")),
+    Case("view-summary-not-json", 2, ("r/summary.json", "not valid JSON"), outputs=False,
+         command=("view", "{tmp}/r"), setup=run_folder(**{"summary.json": "garbage{"})),
+    Case("view-summary-a-list", 2, ("r/summary.json", "expected a JSON object"), outputs=False,
+         command=("view", "{tmp}/r"), setup=run_folder(**{"summary.json": "[1, 2]"})),
+    Case("view-requests-binary", 2, ("r/requests.csv", "not a UTF-8 text file"), outputs=False,
+         command=("view", "{tmp}/r"), setup=run_folder(**{"requests.csv": GARBAGE})),
+    Case("view-metrics-foreign-columns", 2, ("r/metrics.csv", "missing column(s) time_s"), outputs=False,
+         command=("view", "{tmp}/r"), setup=run_folder(**{"metrics.csv": "a,b\n1,2\n3,4\n"})),
+    Case("view-sweep-results-binary", 2, ("r/results.csv", "not a UTF-8 text file"), outputs=False,
+         command=("view", "{tmp}/r"), setup=run_folder(**{"results.csv": GARBAGE})),
+    Case("view-out-is-a-folder", 2, ("--out", "is a folder"), outputs=False,
+         command=("view", "{tmp}/r", "--out", "{tmp}/r"), setup=run_folder()),
+    Case("view-out-under-a-file", 2, ("--out", "afile", "is a file, not a folder"), outputs=False,
+         command=("view", "{tmp}/r", "--out", "{tmp}/afile/v.html"),
+         setup=lambda tmp: (run_folder()(tmp), write("afile", "KEEP ME\n")(tmp))),
+    # --- kvsim schema ---
+    Case("schema-out-is-a-folder", 2, ("kvsim schema", "Is a directory"), outputs=False,
+         command=("schema", "--out", "{tmp}")),
+    # --- kvsim calibrate serve ---
+    Case("calibrate-manifest-bad-yaml", 2, ("m.yaml", "not valid YAML"), outputs=False,
+         command=("calibrate", "serve", "{tmp}/m.yaml"), setup=write("m.yaml", "runs: [1,\n")),
+    Case("calibrate-manifest-duplicate-key", 2, ("m.yaml", "duplicate key 'runs'"), outputs=False,
+         command=("calibrate", "serve", "{tmp}/m.yaml"), setup=write("m.yaml", "runs: []\nruns: []\n")),
+    Case("calibrate-results-binary", 2, ("r.json", "not a UTF-8 text file"), outputs=False,
+         command=(*CALIBRATE, "--train", "{tmp}/r.json"), setup=calibrate_files(**{"r.json": GARBAGE})),
+    Case("calibrate-results-without-detail", 2, ("r.json", "no 'input_lens' list", "--save-detailed"),
+         outputs=False, command=(*CALIBRATE, "--train", "{tmp}/r.json"),
+         setup=calibrate_files(**{"r.json": json.dumps({"start_times": [0.0]})})),
+    Case("calibrate-jsonl-broken-line", 2, ("r.jsonl line 2", "not valid JSON"), outputs=False,
+         command=(*CALIBRATE, "--train", "{tmp}/r.jsonl"),
+         setup=calibrate_files(**{"r.jsonl": '{"arrival_time": 0, "input_toks": 1, "output_toks": 1, '
+                                             '"queued_ts": 0, "first_token_ts": 1, "last_token_ts": 2}\n'
+                                             '{"arrival_time": \n'})),
+    Case("calibrate-scenario-binary", 2, ("srv.yaml", "not a UTF-8 text file"), outputs=False,
+         command=(*CALIBRATE, "--train", "{tmp}/a.json"), setup=calibrate_files(**{"srv.yaml": GARBAGE})),
+    Case("calibrate-unknown-term", 2, ("fit", "'nosuch' is not a term"), outputs=False,
+         command=(*CALIBRATE[:-1], "nosuch", "--train", "{tmp}/a.json"), setup=calibrate_files()),
+    Case("calibrate-out-is-a-folder", 2, ("--out", "is a folder"), outputs=False,
+         command=(*CALIBRATE, "--train", "{tmp}/a.json", "--out", "{tmp}"), setup=calibrate_files()),
+    Case("calibrate-report-under-a-file", 2, ("--report", "afile", "is a file, not a folder"),
+         outputs=False, command=(*CALIBRATE, "--train", "{tmp}/a.json", "--report", "{tmp}/afile/r.md"),
+         setup=lambda tmp: (calibrate_files()(tmp), write("afile", "KEEP ME\n")(tmp))),
+]
+
+
 def prepare(case: Case, tmp: Path) -> tuple[list[str], dict]:
     scenario = tmp / "s.yaml"
     if case.setup is not None:
@@ -307,6 +415,8 @@ def prepare(case: Case, tmp: Path) -> tuple[list[str], dict]:
             content = yaml.safe_dump(content, sort_keys=False)
         (scenario.write_bytes if isinstance(content, bytes) else scenario.write_text)(content)
     argv = ["run", str(scenario)]
+    if case.command is not None:
+        argv = [a.replace("{tmp}", str(tmp)) for a in case.command]
     if case.id == "scenario-missing":
         argv = ["run", str(tmp / "does-not-exist.yaml")]
     if case.outputs:
@@ -400,3 +510,30 @@ def test_a_real_full_disk_leaves_the_old_files(tmp_path: Path):
         assert (disk / "out" / "summary.json").read_text() == "OLD\n"
     finally:
         subprocess.run(["umount", str(disk)], capture_output=True)
+
+
+def test_only_the_engine_stopping_is_reported_as_such(tmp_path: Path, monkeypatch, capsys):
+    """``EngineError`` (swap space exhausted, ...) is a one-line error; any other
+    exception is a bug in kvsim and is not dressed up as the engine stopping."""
+    import importlib
+
+    from kvsim.cli import main
+    from kvsim.sched.errors import EngineError
+
+    simulate_module = importlib.import_module("kvsim.scenario.simulate")
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(yaml.safe_dump(scenario_with()))
+
+    def stops(*args, **kwargs):
+        raise EngineError("swap space exhausted: request r1 needs 3 CPU blocks, 0 free")
+
+    monkeypatch.setattr(simulate_module, "simulate", stops)
+    assert main(["run", str(scenario)]) == 1
+    assert "the simulation stopped: swap space exhausted" in capsys.readouterr().err
+
+    def bug(*args, **kwargs):
+        raise RuntimeError("an invariant broke")
+
+    monkeypatch.setattr(simulate_module, "simulate", bug)
+    with pytest.raises(RuntimeError, match="an invariant broke"):
+        main(["run", str(scenario)])

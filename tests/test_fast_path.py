@@ -72,6 +72,38 @@ CASES = {
     "parallel_sampling": scenario(workload={**scenario()["workload"], "num_requests": 50, "n": 3}),
 }
 
+# vLLM 0.33 scheduler knobs and queue limits (issue #17): each on, loaded.
+_BUSY = {**scenario()["workload"], "arrival": {"type": "poisson", "rate": 80.0}}
+CASES.update({
+    "max_num_scheduled_tokens": scenario(engine__max_num_scheduled_tokens=160, workload=_BUSY),
+    "max_num_active_seqs": scenario(engine__max_num_active_seqs=4, workload=_BUSY),
+    "adaptive_long_prefill_threshold": scenario(engine__long_prefill_token_threshold=32,
+                                                engine__long_prefill_token_threshold_adaptive=True,
+                                                workload=_BUSY),
+    "prefill_schedule_interval": scenario(engine__prefill_schedule_interval=4),
+    "prefill_schedule_interval_backlog": scenario(engine__prefill_schedule_interval=3,
+                                                  engine__max_num_seqs=8, workload=_BUSY),
+    "prefill_schedule_interval_tight_memory_priority": scenario(
+        engine={"max_num_batched_tokens": 512, "max_model_len": 4096, "policy": "priority",
+                "num_gpu_blocks_override": 300, "prefill_schedule_interval": 3},
+        workload={**scenario()["workload"], "arrival": {"type": "poisson", "rate": 60.0},
+                  "priority": {"values": [0, 1, 2]}}),
+    # A chunk of a resumed request that stops one token short of its end looks
+    # like a decode, but a held step skips it.
+    "prefill_schedule_interval_resumed_chunks": scenario(
+        seed=1, engine={"block_size": 4, "num_gpu_blocks_override": 24, "max_num_batched_tokens": 16,
+                        "max_num_seqs": 3, "max_model_len": 52, "prefill_schedule_interval": 2,
+                        "policy": "priority"},
+        cost_model={"type": "constant", "step_time_s": 1.0},
+        workload={"num_requests": 30, "arrival": {"type": "poisson", "rate": 0.2},
+                  "prompt_len": {"type": "uniform", "low": 2, "high": 30},
+                  "output_len": {"type": "uniform", "low": 1, "high": 30},
+                  "prefix": {"shared_prompt_tokens": 8, "num_groups": 2},
+                  "priority": {"values": [0, 1, 2]}}),
+    "queue_limits": scenario(engine__max_num_queued_reqs=40, engine__max_num_queued_tokens=1500,
+                             workload=_BUSY),
+})
+
 
 def both(sc: dict):
     steps_fast, steps_slow = [], []
@@ -163,3 +195,33 @@ def test_blocked_head_whose_prefix_a_running_request_is_writing(tmp_path):
     assert trace_fast == trace_slow
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
     assert fast.requests.set_index("request_id").loc["B", "num_cached_tokens"] > 40
+
+
+def test_a_held_head_is_admitted_when_a_running_request_caches_its_prefix(tmp_path):
+    # prefill_schedule_interval holds H (13 tokens, prompt left) while Q decodes;
+    # Q writes the blocks H quotes, and once H's hit covers all but its last
+    # token (step 9) a held step admits it: a decode run must stop there.
+    import json
+    answer = list(range(300, 330))
+    lines = [
+        {"id": "Q", "arrival_time": 0.0, "prompt_token_ids": [60, 61, 62], "max_tokens": 30,
+         "output_token_ids": answer},
+        {"id": "H", "arrival_time": 1.5, "prompt_token_ids": [60, 61, 62] + answer[:9] + [999],
+         "max_tokens": 5},
+    ]
+    path = tmp_path / "reqs.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    sc = scenario(engine={"block_size": 4, "num_gpu_blocks_override": 64, "max_num_batched_tokens": 64,
+                          "max_model_len": 128, "prefill_schedule_interval": 16},
+                  cost_model={"type": "constant", "step_time_s": 1.0},
+                  workload={"requests_file": str(path)})
+    fast, slow, trace_fast, trace_slow = both(sc)
+    assert trace_fast == trace_slow
+    assert [s["step"] for s in trace_slow if "H" in s["prefix_hit_tokens"]] == [9]
+    assert trace_slow[9]["prefix_hit_tokens"] == {"H": 12}
+    assert fast.stats.num_run_steps > 0
+
+
+def test_the_fast_path_skips_the_steps_a_prefill_interval_holds():
+    stats = kvsim.simulate(CASES["prefill_schedule_interval"]).stats
+    assert stats.num_run_steps > stats.num_steps / 2

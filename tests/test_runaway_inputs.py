@@ -31,7 +31,7 @@ def test_a_prompt_over_the_limit_takes_no_memory():
     (spec,) = specs({"num_requests": 1, "prompt_len": {"type": "fixed", "value": 2_000_000_000}},
                     max_prompt_len=1023)
     prompt = spec.prompt_token_ids
-    assert len(prompt) == 2_000_000_000 and prompt.strides == (0,) and spec.fresh_prompt_start == 0
+    assert len(prompt) == 2_000_000_000 and prompt.strides == (0,) and spec.fresh_prompt_start is None
 
 
 def test_the_limit_changes_no_request_that_can_run():

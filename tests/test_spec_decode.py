@@ -217,6 +217,6 @@ def test_speculation_is_refused_where_kvsim_does_not_model_it():
 
 def test_max_num_scheduled_tokens_matches_vllms_trace():
     from test_oracle_traces import first_difference, run_trace
-    case = Path(__file__).parent / "golden/oracle/pending/max_num_scheduled_tokens_cap"
+    case = Path(__file__).parent / "golden/oracle/max_num_scheduled_tokens_cap"
     expected = [json.loads(x) for x in (case / "expected.jsonl").read_text().splitlines() if x]
     assert first_difference(expected, run_trace(case)) is None

@@ -67,17 +67,18 @@ def _serve(args: argparse.Namespace) -> int:
         raise ValueError(f"fit: {terms!r}; expected a list of terms")
     if args.max_evals < 1:
         raise ValueError(f"--max-evals: {args.max_evals} is not a positive integer")
+    from kvsim.scenario.outputs import atomic_open, check_output_file
+    outputs = [(option, path) for option, path in (("--out", args.out), ("--report", args.report)) if path]
+    for option, path in outputs:
+        check_output_file(path, option=option)      # before the fit, which takes minutes
     with tempfile.TemporaryDirectory() as tmp:
         fit = fit_serving_runs(runs, Path(tmp), preset=preset, terms=tuple(terms),
                                max_evals=args.max_evals)
     table = markdown(fit)
     print(table)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(fit.as_json(), indent=1) + "\n")
-        print(f"wrote {args.out}")
-    if args.report:
-        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.report).write_text(table + "\n")
-        print(f"wrote {args.report}")
+    texts = {"--out": json.dumps(fit.as_json(), indent=1) + "\n", "--report": table + "\n"}
+    for option, path in outputs:
+        with atomic_open(path, option=option) as f:   # an old file stays whole if this fails
+            f.write(texts[option])
+        print(f"wrote {path}")
     return 0

@@ -32,7 +32,6 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import yaml
 
 RUN_COLUMNS = ("arrival_s", "input_len", "output_len", "ttft_s", "e2e_s", "tpot_s")
 BENCH_KEYS = ("start_times", "input_lens", "output_lens", "ttfts", "latencies")
@@ -68,17 +67,23 @@ def read_bench_serve(path: Path, data: dict) -> pd.DataFrame:
     ok = [not e and lat is not None and lat > 0 for e, lat in zip(errors, data["latencies"])]
     pick = lambda key: [v for v, good in zip(data[key], ok) if good]  # noqa: E731
     if not any(ok):
-        raise ValueError(f"{path}: no successful request (every 'errors' entry is set)")
+        raise ValueError(f"{path}: no successful request (each has an 'errors' entry or no "
+                         f"positive latency)")
     return _frame(pick("start_times"), pick("input_lens"), pick("output_lens"), pick("ttfts"),
                   pick("latencies"))
 
 
 def read_llmservingsim(path: Path) -> pd.DataFrame:
     rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(_text(path).splitlines(), start=1):
         if not line.strip():
             continue
-        row = json.loads(line)
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} line {number}: not valid JSON ({exc})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path} line {number}: expected a JSON object, got {type(row).__name__}")
         for key in LLMSERVINGSIM_KEYS:
             if key not in row:
                 raise ValueError(f"{path} line {number}: no {key!r}; an LLMServingSim requests.jsonl "
@@ -96,7 +101,7 @@ def read_results(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"results file {str(path)!r} does not exist")
-    text = path.read_text()
+    text = _text(path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
@@ -110,6 +115,22 @@ def read_results(path: str | Path) -> pd.DataFrame:
         raise ValueError(f"{path}: a vllm bench serve result is a JSON object, got "
                          f"{type(data).__name__}")
     return read_bench_serve(path, data)
+
+
+def _text(path: Path) -> str:
+    """A results file's text; undecodable content is an error naming it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not a UTF-8 text file (byte {exc.start} cannot be decoded); "
+                         f"expected vllm bench serve JSON or JSON lines") from None
+
+
+def _yaml(path: Path, what: str):
+    """A YAML file read as scenarios are (kvsim.scenario.yamlio: duplicate keys,
+    binary content and syntax errors are one line naming the file)."""
+    from kvsim.scenario.yamlio import read_yaml_file
+    return read_yaml_file(path, what=what)
 
 
 @dataclass(frozen=True)
@@ -129,7 +150,7 @@ def _scenario_mapping(value, base: Path, where: str) -> dict:
         path = Path(value) if Path(value).is_absolute() else base / value
         if not path.is_file():
             raise ValueError(f"{where}: scenario file {str(path)!r} does not exist")
-        data = yaml.safe_load(path.read_text()) or {}
+        data = _yaml(path, "scenario file") or {}
         if not isinstance(data, dict):
             raise ValueError(f"{where}: {path} is not a YAML mapping")
         return dict(data, base_dir=str(path.parent))
@@ -141,7 +162,7 @@ def read_manifest(path: str | Path) -> tuple[list[ServingRun], dict]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"manifest {str(path)!r} does not exist")
-    data = yaml.safe_load(path.read_text())
+    data = _yaml(path, "manifest")
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a manifest is a YAML mapping with {', '.join(MANIFEST_KEYS)}")
     for key in data:

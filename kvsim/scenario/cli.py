@@ -77,6 +77,7 @@ def _run(args: argparse.Namespace) -> int:
     from kvsim.scenario.run_progress import terminal_progress
     from kvsim.scenario.schema import parse_overrides
     from kvsim.scenario.simulate import RUN_FILES, simulate
+    from kvsim.sched.errors import EngineError
     from kvsim.vllm_outputs import VLLM_FILES, write_vllm_outputs
 
     t0 = time.perf_counter()
@@ -118,7 +119,7 @@ def _run(args: argparse.Namespace) -> int:
                 written = [*RUN_FILES, *extra]
                 for note in out_notes:
                     print(f"kvsim run: note: {note}", file=sys.stderr)
-    except RuntimeError as exc:
+    except EngineError as exc:
         # The engine stopped (vLLM aborts the same way, e.g. when swap space runs out);
         # the trace's temporary file is gone with the exception.
         print(f"kvsim run: error: the simulation stopped: {exc}; nothing written", file=sys.stderr)

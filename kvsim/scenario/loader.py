@@ -148,6 +148,8 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
         raise ScenarioError("engine.preemption_mode: got 'swap'; the chunked (vLLM V1) scheduler "
                             "only preempts by recompute; allowed: recompute (swap needs "
                             "scheduler: continuous)")
+    _check_scheduler_knobs(eng, max_num_seqs=max_num_seqs, max_model_len=max_model_len,
+                           max_num_batched_tokens=max_num_batched_tokens)
     # V0 and the Sarathi artifact keep 1% of the blocks free at admission.
     watermark = eng.watermark if eng.watermark is not None else (
         0.01 if eng.scheduler in ("continuous", "simple_chunking") else 0.0)
@@ -159,12 +161,16 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
                                and eng.scheduler not in ("simple_chunking", "orca")),
         enable_chunked_prefill=eng.enable_chunked_prefill,
         long_prefill_token_threshold=eng.long_prefill_token_threshold, policy=eng.policy,
+        max_num_scheduled_tokens=eng.max_num_scheduled_tokens,
+        max_num_active_seqs=eng.max_num_active_seqs,
+        long_prefill_token_threshold_adaptive=eng.long_prefill_token_threshold_adaptive,
+        prefill_schedule_interval=eng.prefill_schedule_interval,
+        max_num_queued_reqs=eng.max_num_queued_reqs, max_num_queued_tokens=eng.max_num_queued_tokens,
         scheduler_reserve_full_isl=eng.scheduler_reserve_full_isl, watermark=watermark,
         preemption_mode=eng.preemption_mode or "recompute",
         num_cpu_blocks=int(eng.swap_space * GIB) // block_bytes,
         swap_block_bytes=block_bytes, debug=eng.debug, stream_interval=eng.stream_interval,
         async_scheduling=eng.async_scheduling,
-        max_num_scheduled_tokens=eng.max_num_scheduled_tokens,
         num_scheduler_steps=eng.num_scheduler_steps,
         speculative=speculative,
         orca_reservation=eng.orca_reservation or "max")
@@ -192,12 +198,11 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
                           tuple(notes))
 
 
+
+
 def _speculative_config(eng, seed: int, base: Path, max_num_batched_tokens: int):
     """``engine.speculative_config`` resolved (kvsim.sched.spec_decode), or None."""
     value = eng.speculative_config
-    if eng.max_num_scheduled_tokens is not None and eng.scheduler != "chunked":
-        raise ScenarioError(f"engine.max_num_scheduled_tokens: a vLLM V1 knob (scheduler: "
-                            f"chunked), not {eng.scheduler!r}")
     if value is None:
         return None
     from kvsim.sched.spec_decode import METHODS, SpeculativeConfig, acceptance_from_config
@@ -285,6 +290,34 @@ def _check_baseline_scheduler(eng) -> list[str]:
                      f"cache (as its source system); it runs without one (set it to false to "
                      f"silence this note)")
     return notes
+
+
+# Knobs only the chunked (vLLM V1) scheduler has, with their "off" values.
+_CHUNKED_ONLY = {"max_num_scheduled_tokens": None, "max_num_active_seqs": None,
+                 "long_prefill_token_threshold_adaptive": False, "prefill_schedule_interval": 1}
+
+
+def _check_scheduler_knobs(eng, *, max_num_seqs: int, max_model_len: int,
+                           max_num_batched_tokens: int) -> None:
+    """The scheduler settings vLLM refuses at start-up (vllm/config/scheduler.py
+    ``SchedulerConfig.verify_max_model_len``), and V1 knobs on a V0-style scheduler."""
+    if eng.scheduler != "chunked":
+        for key, off in _CHUNKED_ONLY.items():
+            value = getattr(eng, key)
+            if value != off:
+                raise ScenarioError(f"engine.{key}: got {value!r}; only the chunked (vLLM V1) scheduler "
+                                    f"has it, not {eng.scheduler}; remove it or use scheduler: chunked")
+    if eng.scheduler != "static" and max_num_batched_tokens < max_num_seqs:
+        # (the defaults never do this: max_num_seqs defaults to at most the budget)
+        raise ScenarioError(f"engine.max_num_seqs: got {max_num_seqs}; vLLM refuses more than "
+                            f"max_num_batched_tokens ({max_num_batched_tokens}), which must be >= "
+                            f"max_num_seqs; lower it or raise engine.max_num_batched_tokens")
+    if eng.max_num_active_seqs is not None and eng.max_num_active_seqs > max_num_seqs:
+        raise ScenarioError(f"engine.max_num_active_seqs: got {eng.max_num_active_seqs}; it cannot be "
+                            f"greater than max_num_seqs ({max_num_seqs}), as vLLM refuses")
+    if eng.long_prefill_token_threshold > max_model_len:
+        raise ScenarioError(f"engine.long_prefill_token_threshold: got {eng.long_prefill_token_threshold}; "
+                            f"it cannot be greater than max_model_len ({max_model_len}), as vLLM refuses")
 
 
 def _check_tensor_parallel(model: ModelSpec, tp: int) -> None:

@@ -55,6 +55,19 @@ class EngineSection(_Section):
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = Field(0, ge=0)
+    # vLLM 0.33 SchedulerConfig knobs (vllm/config/scheduler.py); the first four: chunked only
+    max_num_scheduled_tokens: int | None = Field(None, ge=1, description="tokens one step may issue "
+                                                 "(default: max_num_batched_tokens)")
+    max_num_active_seqs: int | None = Field(None, ge=1, description="requests admitted into RUNNING "
+                                            "(default: max_num_seqs, which it may not exceed)")
+    long_prefill_token_threshold_adaptive: bool = Field(
+        False, description="floor long_prefill_token_threshold at max_num_batched_tokens // requests")
+    prefill_schedule_interval: int = Field(1, ge=1, description="prefill only every N executed steps "
+                                           "while requests decode")
+    max_num_queued_reqs: int | None = Field(None, ge=0, description="refuse (HTTP 503) a request when "
+                                            "this many are unfinished")
+    max_num_queued_tokens: int | None = Field(None, ge=0, description="refuse (HTTP 503) a request "
+                                              "when the prompts not yet answered hold this many tokens")
     policy: Literal["fcfs", "priority"] = "fcfs"
     preemption_mode: Literal["recompute", "swap"] | None = None
     swap_space: float = Field(4.0, ge=0.0, description="GiB of CPU swap space per GPU (continuous)")
@@ -73,8 +86,6 @@ class EngineSection(_Section):
                                                       "N+1 while step N runs (chunked only)")
     num_scheduler_steps: int = Field(1, ge=1, description="vLLM 0.6 --num-scheduler-steps: "
                                      "decode windows of this many steps (continuous only)")
-    max_num_scheduled_tokens: int | None = Field(None, ge=1, description="vLLM: tokens one step "
-                                                 "may issue (default max_num_batched_tokens)")
     speculative_config: dict[str, Any] | None = Field(
         None, description="vLLM --speculative-config {method, num_speculative_tokens, model} "
                           "plus kvsim's acceptance: {rate | per_position | trace} (docs/engine.md)")

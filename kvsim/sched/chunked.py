@@ -18,6 +18,7 @@ from __future__ import annotations
 from kvsim.sched.async_finish import AsyncFinishing
 from kvsim.sched.base import DecodeRun, StepPlan, commit_scheduled, record_admission, sample_tokens
 from kvsim.sched.budget import StepBudget
+from kvsim.sched.cadence import PrefillCadence
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.connector import KVConnector, KVTransfers
 from kvsim.sched.paged import PagedScheduler
@@ -51,6 +52,10 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
             from kvsim.sched.spec_decode import Drafts
             self._drafts = Drafts(config.speculative)
         self._lookahead = config.speculative.num_lookahead_tokens if self._drafts else 0
+        # vLLM 0.33 Scheduler.__init__: admission into RUNNING stops at
+        # max_num_active_seqs (max_num_seqs still sizes the runner).
+        self.max_num_active_reqs = config.max_num_active_seqs or config.max_num_seqs
+        self.cadence = PrefillCadence(config.prefill_schedule_interval)
 
     # ------------------------------------------------------------ protocol
 
@@ -70,13 +75,16 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
     def schedule(self) -> StepPlan:
         plan = StepPlan()
         self.refresh_threshold()
+        self.cadence.start_step(self.running)
         budget = self._schedule_running(plan, self.new_budget())
         if not plan.preempted:
             # S3: a step that preempted admits nothing.
             self._schedule_waiting(plan, budget)
+            self.cadence.note_capacity_bound(len(self.waiting))
         commit_scheduled(plan)
         if self._drafts is not None:
             self._drafts.after_schedule(plan)
+        self.cadence.end_step(plan.scheduled)
         if self.transfers is not None:
             plan.kv_wait_s = self.transfers.connector.step_wait_s(plan.scheduled)
         if self._finishing:
@@ -92,9 +100,20 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
 
     def refresh_threshold(self) -> None:
         """N4: the threshold only stops a long prefill starving *other* requests;
-        alone in the system, a request may use the whole budget."""
-        num_in_system = len(self.running) + len(self.waiting)
-        self._threshold = self.config.long_prefill_token_threshold if num_in_system > 1 else 0
+        alone in the system, a request may use the whole budget.
+
+        vLLM counts ``get_request_counts()``: the running, the waiting and the
+        KV-holding requests. With ``long_prefill_token_threshold_adaptive``
+        (vLLM 0.33 ``Scheduler.schedule``) a set threshold is floored at the
+        fair share ``max_num_batched_tokens // that count``: the input budget,
+        not ``max_num_scheduled_tokens``.
+        """
+        cfg = self.config
+        num_in_system = sum(self.get_request_counts())
+        threshold = cfg.long_prefill_token_threshold if num_in_system > 1 else 0
+        if threshold > 0 and cfg.long_prefill_token_threshold_adaptive:
+            threshold = max(threshold, cfg.max_num_batched_tokens // num_in_system)
+        self._threshold = threshold
 
     def update_from_output(self, plan: StepPlan, now: float) -> list[Request]:
         """Every request whose chunk reached its last token samples one (S7);
@@ -130,7 +149,11 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
         return self.transfers.connector.next_transfer_done_time()
 
     def pop_unschedulable(self) -> Request | None:
-        return self.waiting.pop() if len(self.waiting) else None
+        if not len(self.waiting):
+            return None
+        req = self.waiting.pop()
+        self.cadence.deferred.discard(req)
+        return req
 
     # ---------------------------------------------------------- decode runs
 
@@ -148,6 +171,8 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
         batch = self._decoding_batch()
         if batch is None or len(self.running) > self.new_budget().room:
             return None
+        if self.cadence.blocks_run(self.running):
+            return None
         max_steps, context_sum, computed = batch
         self.refresh_threshold()
         max_steps = min(max_steps, self._steps_waiting_stays_shut(max_steps, computed))
@@ -156,9 +181,10 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
     def _steps_waiting_stays_shut(self, max_steps: int, computed: list[int]) -> int:
         """How many of the next decode steps certainly admit nothing (S3, S4).
 
-        Nothing is admitted while the queue is empty, ``max_num_seqs`` is
-        reached or the decodes use the whole budget. Otherwise the head must
-        not fit now, and it still will not during the run: free blocks only
+        Nothing is admitted while the queue is empty, ``max_num_active_seqs``
+        is reached or the decodes use the whole budget. Otherwise the head must
+        not fit now (or the steps hold prefill back, sched/cadence.py),
+        and it still will not during the run: free blocks only
         shrink, and with ``scheduler_reserve_full_isl`` losing a prefix hit
         to eviction never lowers the blocks its whole sequence needs (a hit
         in the free queue costs one free block, as a new block does). What
@@ -169,7 +195,7 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
         cfg = self.config
         budget = self.new_budget()
         budget.take(len(self.running))           # one token per decode
-        shut = len(self.running) >= cfg.max_num_seqs or not budget.open
+        shut = len(self.running) >= self.max_num_active_reqs or not budget.open
         if self.transfers is not None and not shut and self.transfers.may_change():
             return 0                              # a request whose KV arrived may start
         if not len(self.waiting) or shut:
@@ -177,8 +203,10 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
         if self.transfers is not None:
             return 0                              # its external hit may change: step
         head = self.waiting.peek()
-        if self.try_admission(head, budget.room) is not None:
-            return 0                              # admitted now (or skipped: step anyway)
+        admission = self.try_admission(head, budget.room)  # no connector here: never SKIP
+        if admission is not None:                          # admitted now, unless the step holds it
+            return self.cadence.steps_head_stays_held(head, admission[1], max_steps, self.kv,
+                                                      self.running)
         if not self.kv.enable_caching or head.num_computed_tokens:
             return max_steps
         hits, _ = self.kv.get_computed_blocks(head)
@@ -219,6 +247,8 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
                     break
             scheduled.append((req, n, computed))
             scheduled_now[req.request_id] = n
+            if req in self.cadence.chunks:
+                self.cadence.carried = True         # prefill_schedule_interval: a prefill chunk ran
             budget.take(n)
             i += 1
         return budget
@@ -231,6 +261,8 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
         """
         if req.status is RequestStatus.FINISHED:
             return 0                 # async scheduling: its last token is in flight
+        if self.cadence.skips(req):
+            return 0                                # prefill_schedule_interval: a held step
         computed = req.num_computed_tokens
         n = req.prompt_len + req.num_output_tokens - computed      # num_tokens - computed
         if self._drafts is not None:
@@ -299,20 +331,24 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
                 return None
         skipped = []
         while budget.open and len(self.waiting):
-            if len(self.running) >= self.config.max_num_seqs:
+            if len(self.running) >= self.max_num_active_reqs:
                 break                               # TV9: the cap counts running requests
             req = self.waiting.peek()
             admission = self.try_admission(req, budget.room)
             if admission is SKIP:
                 skipped.append(self.waiting.pop())
+                self.cadence.defer(req)
                 continue
             if admission is None:
                 break                               # TV10: head-of-line blocking
             hits, num_hit, n, num_external, load_async = admission
+            if not load_async and self.cadence.holds(req, num_hit + num_external):
+                break                               # prefill_schedule_interval: a held step
             self.kv.allocate_slots(req, n, num_hit, hits, num_external_computed_tokens=num_external,
                                    delay_cache_blocks=load_async,
                                    num_lookahead_tokens=0 if load_async else self._lookahead)
             self.waiting.pop()
+            self.cadence.deferred.discard(req)      # an async load counts as holding from now
             if num_external:
                 self.transfers.connector.update_state_after_alloc(
                     req, list(self.kv.get_blocks(req.request_id)), num_external)
@@ -321,6 +357,7 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
                 continue
             self.running.append(req)
             record_admission(plan, req, num_hit + num_external, n)
+            self.cadence.admitted(req, num_hit + num_external)
             budget.take(n)
         for req in reversed(skipped):               # skipped requests keep their order (N5)
             self.waiting.prepend(req)
@@ -331,13 +368,15 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
         blocks; None when the waiting queue must not be served in this step."""
         t = self.transfers
         for req in list(t.holding):
-            if not budget.open or len(self.running) >= self.config.max_num_seqs:
+            if not budget.open or len(self.running) >= self.max_num_active_reqs:
                 return None
             arrived = t.ready(req)
             if arrived is None:
                 continue                            # still loading: skipped this step
             if arrived:
                 self.kv.cache_blocks(req, arrived)  # cached once the KV is there
+            if self.cadence.holds(req, req.num_computed_tokens):
+                return None                         # prefill_schedule_interval: a held step
             n = self._prefill_chunk(req, req.num_computed_tokens, budget.room)
             cfg = self.config
             fit = min(req.num_tokens, cfg.max_model_len) if cfg.scheduler_reserve_full_isl else None
@@ -347,6 +386,7 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
             t.holding.remove(req)
             self.running.append(req)
             record_admission(plan, req, req.num_computed_tokens, n)
+            self.cadence.admitted(req, req.num_computed_tokens)
             budget.take(n)
         return budget
 
@@ -414,6 +454,11 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
         need = min(num_hit + n + (self._lookahead if n else 0), self.config.max_model_len)
         return kv.num_blocks_to_allocate(req, need, hits) + wm <= free
 
+    def apply_decode_run(self, run: DecodeRun, num_steps: int, token_times: list[float]) -> list[Request]:
+        """The run's steps, and their prefill cadence counters (sched/cadence.py)."""
+        finished = super().apply_decode_run(run, num_steps, token_times)
+        self.cadence.after_run(num_steps, len(self.waiting))
+        return finished
 
 def _steps_before_a_block_runs_out(nth_allocation, num_free: int, num_seqs: int,
                                    max_steps: int) -> int:

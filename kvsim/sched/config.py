@@ -22,6 +22,14 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
     policy: str = "fcfs"                      # fcfs | priority
+    # vLLM 0.33 SchedulerConfig (vllm/config/scheduler.py); chunked only.
+    max_num_scheduled_tokens: int | None = None   # tokens issued per step; None: max_num_batched_tokens
+    max_num_active_seqs: int | None = None        # cap on RUNNING at admission; None: max_num_seqs
+    long_prefill_token_threshold_adaptive: bool = False   # floor the threshold at a fair share
+    prefill_schedule_interval: int = 1        # prefill only every N executed steps (1: every step)
+    # vLLM's API server refuses requests past these with HTTP 503 (sim/admission.py)
+    max_num_queued_reqs: int | None = None
+    max_num_queued_tokens: int | None = None
     scheduler_reserve_full_isl: bool = True   # vLLM 0.20+ admission gate (N1)
     watermark: float = 0.0                    # fraction of blocks kept free at admission (N2)
     lifo_unhashed_free: bool = True           # vLLM 0.27+ LIFO reuse of unhashed blocks (B7)
@@ -33,8 +41,6 @@ class SchedulerConfig:
     # What the engine loop reads (kvsim.sim.engine; engine time, issue #13)
     stream_interval: int = 1                  # vLLM --stream-interval (kvsim.sim.client)
     async_scheduling: bool = False            # vLLM V1 async scheduling (kvsim.sim.inbox; chunked)
-    # chunked only: the issued-token budget (vLLM default: max_num_batched_tokens; kvsim.sched.budget)
-    max_num_scheduled_tokens: int | None = None
     speculative: object = None                # kvsim.sched.spec_decode.SpeculativeConfig or None
     # continuous only: vLLM 0.6 multi-step decode windows (kvsim.sched.multistep)
     num_scheduler_steps: int = 1

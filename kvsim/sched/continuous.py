@@ -20,6 +20,7 @@ from collections import deque
 
 from kvsim.sched.base import DecodeRun, StepPlan, commit_scheduled, record_admission, sample_tokens
 from kvsim.sched.config import SchedulerConfig
+from kvsim.sched.errors import EngineError
 from kvsim.sched.paged import PagedScheduler
 from kvsim.sched.queues import FcfsQueue
 from kvsim.sched.request import Request, RequestStatus
@@ -178,7 +179,7 @@ class ContinuousScheduler(PagedScheduler):
         held = len(self.kv.get_blocks(req.request_id))
         if self.config.preemption_mode == "swap":
             if held > self.num_free_cpu_blocks:
-                raise RuntimeError(
+                raise EngineError(
                     f"swap space exhausted: request {req.request_id} needs {held} CPU blocks, "
                     f"{self.num_free_cpu_blocks} free (raise engine.swap_space)")
             self.num_free_cpu_blocks -= held

@@ -29,6 +29,11 @@ def _first_fresh_id(index: int) -> int:
     return -(index * FRESH_IDS_PER_REQUEST + 1)
 
 
+def final_num_tokens(prompt_len: int, max_tokens: int, max_model_len: int) -> int:
+    """vLLM stops at max_tokens outputs or when the sequence reaches max_model_len."""
+    return max(prompt_len, min(prompt_len + max_tokens, max_model_len))
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"   # its KV is being loaded (sched/connector.py)
@@ -59,8 +64,7 @@ class Request:
         self.priority = spec.priority
         self.prompt_len = prompt_len = len(spec.prompt_token_ids)
         self.max_tokens = spec.max_tokens
-        # vLLM stops at max_tokens outputs or when the sequence reaches max_model_len.
-        self.final_num_tokens = max(prompt_len, min(prompt_len + spec.max_tokens, max_model_len))
+        self.final_num_tokens = final_num_tokens(prompt_len, spec.max_tokens, max_model_len)
         # Prompts that say how they are made (a fresh counter run, Mooncake
         # blocks) and fresh outputs: the blocks are named without reading token
         # ids (the per-request cost of every trace replay), see kvsim.kv.hashing.

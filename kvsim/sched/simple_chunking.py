@@ -114,7 +114,7 @@ class SimpleChunkingScheduler(PagedScheduler):
         batch = self._decoding_batch()
         if batch is None:
             return None
-        return self._make_run(batch[0], batch[1], _steps_with_a_free_block_each)
+        return self._make_run(*batch, _steps_with_a_free_block_each)
 
     def apply_decode_run(self, run: DecodeRun, num_steps: int,
                          token_times: list[float]) -> list[Request]:

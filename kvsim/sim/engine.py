@@ -33,6 +33,7 @@ import simpy
 from kvsim.cost.base import CostModel
 from kvsim.sched.base import DecodeRun, Scheduler, StepPlan
 from kvsim.sched.request import Request, RequestStatus
+from kvsim.sim.admission import QueueLimits
 from kvsim.sim.client import stream_interval_times
 from kvsim.sim.costing import StepCosts
 from kvsim.sim.frontend import AtTime
@@ -79,9 +80,13 @@ class _RunInFlight:
 class Engine:
     """One serving engine replica driven by SimPy.
 
-    ``make_request(spec, index, arrival_time)`` builds the engine's request
-    state; ``check_request(req)`` returns a reason string when the request can
-    never run (it is then reported as failed instead of being queued).
+    ``make_request(spec, index, arrival_time, read_tokens=True)`` builds the
+    engine's request state (``read_tokens=False``: without hashing its blocks,
+    for a request that fails on arrival); ``check_request(spec)`` returns a
+    reason string when the request can never run, read before it is built
+    (it is then reported as failed instead of being queued). ``queue_limits``
+    (``kvsim.sim.admission``) refuses requests past the API server's queue
+    limits with HTTP 503, the same way.
     ``on_done(req)`` hears of every finished or failed request.
     ``more_input()`` says whether any request may still be submitted (an
     engine that just finished requests runs one more, possibly empty, step
@@ -100,7 +105,8 @@ class Engine:
                  more_input: Callable[[], bool] | None = None,
                  next_input_time: Callable[[], float] | None = None,
                  progress: Callable[[float, int], None] | None = None,
-                 stream_interval: int = 1, async_scheduling: bool = False) -> None:
+                 stream_interval: int = 1, async_scheduling: bool = False,
+                 queue_limits: QueueLimits | None = None) -> None:
         self.env = env if env is not None else simpy.Environment(initial_time=0.0)
         self.name = name
         self.scheduler = scheduler
@@ -122,6 +128,7 @@ class Engine:
         self._next_input_time = next_input_time or self.env.peek
         self.progress = progress
         self.stream_interval = stream_interval      # kvsim.sim.client
+        self.queue_limits = queue_limits
         self.steps = StepLog()
         self.done: list[Request] = []            # finished or failed, in order
         self.num_done = 0
@@ -144,21 +151,36 @@ class Engine:
     def submit(self, spec: RequestSpec, arrival_time: float, index: int) -> None:
         """A request reaches the engine now; n > 1 fans out into n samples (indices
         ``index .. index + n - 1``) sharing the prompt through the prefix cache,
-        as vLLM V1 does."""
-        if spec.n > 1:
-            for k in range(spec.n):
-                self.submit(replace(spec, request_id=f"{spec.request_id}#{k}", n=1),
-                            arrival_time, index + k)
-            return
-        req = self.make_request(spec, index, arrival_time)
+        as vLLM V1 does.
+
+        As in vLLM, the request is checked first (its lengths, then the queue
+        limits, once for all n samples: ``AsyncLLM.add_request``); a refused
+        one fails now, every sample with the same reason, without its blocks
+        being hashed.
+        """
+        n = max(spec.n, 1)
+        reason = self.check_request(spec)
+        if not reason and self.queue_limits is not None:
+            reason = self.queue_limits.refusal(self.num_arrived - self.num_done, n)
+        if n > 1:
+            for k in range(n):
+                self._submit_one(replace(spec, request_id=f"{spec.request_id}#{k}", n=1),
+                                 arrival_time, index + k, reason)
+        else:
+            self._submit_one(spec, arrival_time, index, reason)
+
+    def _submit_one(self, spec: RequestSpec, arrival_time: float, index: int, reason: str) -> None:
         self.num_arrived += 1
-        reason = self.check_request(req)
         if reason:
+            req = self.make_request(spec, index, arrival_time, read_tokens=False)
             req.status = RequestStatus.FAILED
             req.fail_reason = reason
             req.finish_time = arrival_time
             self._on_done(req)
             return
+        req = self.make_request(spec, index, arrival_time)
+        if self.queue_limits is not None:
+            self.queue_limits.accepted(req)
         self._inbox.add(req, self.env.now)
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
@@ -297,6 +319,8 @@ class Engine:
         duration = self._costs.step(plan)
         yield env.timeout(duration)
         finished = sched.update_from_output(plan, env.now)
+        if self.queue_limits is not None:
+            self.queue_limits.outputs(plan.scheduled)      # first tokens leave the prefill backlog
         self._record(plan, finished, start, duration)
         self._finish(finished)
         if plan.is_empty and not self._progress_possible():
@@ -357,6 +381,8 @@ class Engine:
         if self.stream_interval > 1 and req.status is not RequestStatus.FAILED:
             # The times the client sees (first and last token are never held back).
             req.token_times = stream_interval_times(req.token_times, self.stream_interval)
+        if self.queue_limits is not None:
+            self.queue_limits.done(req)
         self.done.append(req)
         self.num_done += 1
         if self.sink is not None and len(self.done) >= self.flush_every:

@@ -22,6 +22,7 @@ import simpy
 from simpy.core import NORMAL, URGENT
 from simpy.events import Event
 
+from kvsim.sched.errors import EngineError
 from kvsim.workload.request import RequestSpec
 
 Submit = Callable[[RequestSpec, float, int], None]
@@ -72,7 +73,7 @@ class Frontend:
     def check_all_sent(self) -> None:
         stuck = sum(len(v) for v in self._parked.values())
         if stuck:
-            raise RuntimeError(f"{stuck} requests wait on requests that never arrived")
+            raise EngineError(f"{stuck} requests wait on requests that never arrived")
 
     def on_done(self, request_id: str, finish_time: float) -> None:
         """A request finished or failed at ``finish_time``: release what waits on it."""

@@ -8,7 +8,8 @@ import simpy
 
 from kvsim.cost.base import ConstantCostModel, CostModel
 from kvsim.sched.config import SchedulerConfig
-from kvsim.sched.request import Request
+from kvsim.sched.request import Request, final_num_tokens
+from kvsim.sim.admission import QueueLimits
 from kvsim.sim.engine import Engine
 from kvsim.sim.frontend import Frontend
 from kvsim.workload.request import RequestSpec
@@ -42,17 +43,23 @@ def make_scheduler(name: str, config: SchedulerConfig, connector=None):
     raise ValueError(f"engine.scheduler: {name!r} is not one of {', '.join(SCHEDULERS)}")
 
 
-def request_problem(req: Request, config: SchedulerConfig) -> str:
-    """Why ``req`` can never run on this engine, or "" (never retried forever)."""
-    if req.prompt_len == 0:
+def request_problem(spec: RequestSpec, config: SchedulerConfig) -> str:
+    """Why ``spec`` can never run on this engine, or "" (never retried forever).
+
+    Read from the spec's lengths only, before the engine builds (and hashes)
+    the request: a prompt of 2e9 tokens fails without a block hashed.
+    """
+    prompt_len = len(spec.prompt_token_ids)
+    if prompt_len == 0:
         return "empty prompt"
-    if req.prompt_len >= config.max_model_len:
+    if prompt_len >= config.max_model_len:
         # vLLM's input processor rejects these before they reach the scheduler.
-        return f"prompt of {req.prompt_len} tokens >= max_model_len {config.max_model_len}"
-    need = -(-req.final_num_tokens // config.block_size)     # final_num_tokens <= max_model_len
+        return f"prompt of {prompt_len} tokens >= max_model_len {config.max_model_len}"
+    final = final_num_tokens(prompt_len, spec.max_tokens, config.max_model_len)
+    need = -(-final // config.block_size)     # final <= max_model_len
     usable = config.num_gpu_blocks - 1
     if need > usable:
-        return (f"needs {need} KV blocks for {req.final_num_tokens} tokens; "
+        return (f"needs {need} KV blocks for {final} tokens; "
                 f"the cache has only {usable} usable blocks")
     return ""
 
@@ -63,15 +70,18 @@ def make_engine(config: SchedulerConfig, *, scheduler: str = "chunked",
     """One engine replica with its scheduler and request builder (not started)."""
     sched = make_scheduler(scheduler, config, connector)
 
-    def make(spec: RequestSpec, index: int, arrival: float) -> Request:
+    def make(spec: RequestSpec, index: int, arrival: float, *, read_tokens: bool = True) -> Request:
         return Request(spec, index, block_size=config.block_size,
                        max_model_len=config.max_model_len, arrival_time=arrival,
-                       hash_blocks=config.enable_prefix_caching, keep_tokens=config.debug)
+                       hash_blocks=read_tokens and config.enable_prefix_caching,
+                       keep_tokens=read_tokens and config.debug)
 
+    limits = QueueLimits.of(config.max_num_queued_reqs, config.max_num_queued_tokens)
     engine = Engine(sched, cost_model or ConstantCostModel(1.0), make_request=make,
-                    check_request=lambda r: request_problem(r, config), env=env,
+                    check_request=lambda spec: request_problem(spec, config), env=env,
                     stream_interval=config.stream_interval,
-                    async_scheduling=config.async_scheduling, **engine_options)
+                    async_scheduling=config.async_scheduling, queue_limits=limits,
+                    **engine_options)
     if connector is not None:
         connector.bind(engine.env, sched.kv)
     return engine

@@ -114,10 +114,9 @@ def synthetic_requests(config: WorkloadConfig, arrival: ArrivalConfig, seed: int
                     beam_width=config.beam_width,
                     after_request_id=previous_id,
                     think_time_s=think_time_s if previous_id is not None else 0.0,
-                    # A prompt of only its own user message that no later turn quotes
-                    # (or one never run, whose ids nothing reads).
-                    fresh_prompt_start=(user_starts[j] if unrun or (not len(history) and answer is None)
-                                        else None),
+                    # A prompt of only its own user message that no later turn quotes.
+                    fresh_prompt_start=(user_starts[j] if not unrun and not len(history)
+                                        and answer is None else None),
                 )
                 if unrun:
                     history = unrun_prompt(len(prompt) + out_lens[j])

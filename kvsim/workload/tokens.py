@@ -72,7 +72,7 @@ def unrun_prompt(num_tokens: int) -> np.ndarray:
 
     A read-only array of ``num_tokens`` zeros that takes no memory (stride 0):
     the request fails on arrival with its true length and nothing reads its
-    ids, so a prompt of 2e9 tokens costs nothing (workloads mark it fresh, so
-    the engine names its blocks without reading it).
+    ids (the engine checks a request's lengths before it builds and hashes
+    it, ``Engine.submit``), so a prompt of 2e9 tokens costs nothing.
     """
     return np.broadcast_to(np.zeros(1, dtype=np.int64), (num_tokens,))

@@ -136,6 +136,21 @@ SUPPORTED: dict[str, To] = {
     "scheduling_policy": To("engine.policy", Rule("str", choices=("fcfs", "priority"))),
     "scheduler_reserve_full_isl": To("engine.scheduler_reserve_full_isl", Rule("switch")),
     "watermark": To("engine.watermark", Rule("float", ge=0.0, lt=1.0, source="SchedulerConfig.watermark")),
+    # vLLM 0.33 scheduler knobs and API-server queue limits (issue 17)
+    "max_num_scheduled_tokens": To("engine.max_num_scheduled_tokens",
+                                   Rule("human_readable_int", ge=1,
+                                        source="SchedulerConfig.max_num_scheduled_tokens")),
+    "max_num_active_seqs": To("engine.max_num_active_seqs",
+                              Rule("int", ge=1, source="SchedulerConfig.max_num_active_seqs")),
+    "long_prefill_token_threshold_adaptive": To("engine.long_prefill_token_threshold_adaptive",
+                                                Rule("switch")),
+    "prefill_schedule_interval": To("engine.prefill_schedule_interval",
+                                    Rule("int", ge=1, source="SchedulerConfig.prefill_schedule_interval")),
+    "max_num_queued_reqs": To("engine.max_num_queued_reqs",
+                              Rule("int", ge=0, source="SchedulerConfig.max_num_queued_reqs")),
+    "max_num_queued_tokens": To("engine.max_num_queued_tokens",
+                                Rule("human_readable_int", ge=0,
+                                     source="SchedulerConfig.max_num_queued_tokens")),
 }
 
 # Flags other work is adding (see the issues named); refused until then.
@@ -146,7 +161,7 @@ PLANNED: dict[str, str] = {
                     "CUDA graphs and compilation (engine time, issue 13)"),
     **dict.fromkeys(("speculative_config", "spec_method", "spec_model", "spec_tokens"),
                     "speculative decoding (engine time, issue 13)"),
-    **dict.fromkeys(("max_num_scheduled_tokens", "stream_interval"), "engine time (issue 13)"),
+    **dict.fromkeys(("stream_interval",), "engine time (issue 13)"),
     **dict.fromkeys(("enable_expert_parallel", "all2all_backend", "enable_eplb", "eplb_config",
                      "expert_placement_strategy", "enable_dbo", "ubatch_size"),
                     "expert parallelism (MoE, issue 16)"),

@@ -641,23 +641,25 @@ CASE_FUNCS = [
     max_num_seqs_cap, priority_policy, exact_multiple_prompts, idle_gaps, max_model_len_cap,
     watermark, block_size_4, block_size_32,
 ] + [(lambda s: (lambda: random_mix(s)))(s) for s in range(1, 6)]
+# (the vLLM 0.33 knob cases are appended below, after their definitions)
 
 
 def all_cases() -> list[Case]:
     return [f() for f in CASE_FUNCS]
 
 
-# ------------------------------------------- vLLM 0.33 knobs kvsim lacks (#17)
-# Written to pending/<case>/ (one level deeper, so neither test_oracle_traces.py
-# nor the fixture tests above pick them up) until kvsim implements the knob;
-# then the case moves into CASE_FUNCS and its folder up one level. Each
-# config names its knobs under "_knobs" (the oracle ignores "_" keys);
+# ------------------------------------------------ vLLM 0.33 scheduler knobs
+# Each config names its knobs under "_knobs" (the oracle ignores "_" keys);
 # run_cases.py then also writes baseline.jsonl, the trace without them, so a
-# test can check that every case exercises its knob.
+# test can check that every case exercises its knob. A case for a knob kvsim
+# does not implement yet goes to PENDING_CASE_FUNCS instead: it is written to
+# pending/<case>/, one level deeper, where neither test_oracle_traces.py nor
+# the fixture tests pick it up; once kvsim has the knob, the case moves into
+# CASE_FUNCS and its folder up one level (issue #17 did so for these six).
 PENDING_DIR = os.path.join(HERE, "pending")
 
 
-def pending_config(knobs: dict, **kwargs) -> dict:
+def knob_config(knobs: dict, **kwargs) -> dict:
     c = config(**kwargs, extra=knobs)
     c["_knobs"] = sorted(knobs)
     return c
@@ -678,7 +680,7 @@ def max_num_scheduled_tokens_cap() -> Case:
     c = Case("max_num_scheduled_tokens_cap",
              "max_num_scheduled_tokens 160 under max_num_batched_tokens 512: every step "
              "schedules at most 160 tokens (the issued-token budget), long and short prompts.",
-             pending_config({"max_num_scheduled_tokens": 160},
+             knob_config({"max_num_scheduled_tokens": 160},
                             block_size=16, num_gpu_blocks=256, max_num_batched_tokens=512,
                             max_num_seqs=32, max_model_len=1024))
     return busy_mix(c, rng, 24, 0.75)
@@ -690,7 +692,7 @@ def max_num_active_seqs_cap() -> Case:
     c = Case("max_num_active_seqs_cap",
              "max_num_active_seqs 3 under max_num_seqs 32: at most 3 requests RUNNING, the "
              "rest wait although budget and blocks are free.",
-             pending_config({"max_num_active_seqs": 3},
+             knob_config({"max_num_active_seqs": 3},
                             block_size=16, num_gpu_blocks=256, max_num_batched_tokens=512,
                             max_num_seqs=32, max_model_len=1024))
     return busy_mix(c, rng, 20, 0.5, out_range=(5, 40))
@@ -704,7 +706,7 @@ def long_prefill_adaptive() -> Case:
              "long_prefill_token_threshold 32 with long_prefill_token_threshold_adaptive: the "
              "cap is floored at 512 // (running + waiting), so with few requests chunks are "
              "longer than 32.",
-             pending_config({"long_prefill_token_threshold_adaptive": True},
+             knob_config({"long_prefill_token_threshold_adaptive": True},
                             block_size=16, num_gpu_blocks=256, max_num_batched_tokens=512,
                             max_num_seqs=32, max_model_len=1024, long_prefill_token_threshold=32))
     return busy_mix(c, rng, 20, 1.0)
@@ -717,7 +719,7 @@ def long_prefill_adaptive_scheduled_cap() -> Case:
     c = Case("long_prefill_adaptive_scheduled_cap",
              "Adaptive threshold 32 with max_num_scheduled_tokens 256 under "
              "max_num_batched_tokens 1024: the fair share is 1024 // n, the step cap 256.",
-             pending_config({"long_prefill_token_threshold_adaptive": True,
+             knob_config({"long_prefill_token_threshold_adaptive": True,
                              "max_num_scheduled_tokens": 256},
                             block_size=16, num_gpu_blocks=256, max_num_batched_tokens=1024,
                             max_num_seqs=32, max_model_len=1024, long_prefill_token_threshold=32))
@@ -733,7 +735,7 @@ def prefill_interval() -> Case:
     c = Case("prefill_interval",
              "prefill_schedule_interval 4, light load: admissions and prefill chunks only "
              "every 4th executed step while requests decode; a lone prefill is never held.",
-             pending_config({"prefill_schedule_interval": 4},
+             knob_config({"prefill_schedule_interval": 4},
                             block_size=16, num_gpu_blocks=256, max_num_batched_tokens=256,
                             max_num_seqs=32, max_model_len=1024))
     return busy_mix(c, rng, 16, 2.0, out_range=(10, 40))
@@ -744,7 +746,7 @@ def prefill_interval_backlog() -> Case:
     c = Case("prefill_interval_backlog",
              "prefill_schedule_interval 3 with a burst the release step cannot drain "
              "(max_num_seqs 4): the capacity escape lifts the hold while the queue is backed up.",
-             pending_config({"prefill_schedule_interval": 3},
+             knob_config({"prefill_schedule_interval": 3},
                             block_size=16, num_gpu_blocks=256, max_num_batched_tokens=256,
                             max_num_seqs=4, max_model_len=1024))
     for i in range(10):
@@ -754,10 +756,61 @@ def prefill_interval_backlog() -> Case:
     return c
 
 
-PENDING_CASE_FUNCS = [
+def prefill_interval_prefix_hits() -> Case:
+    # A held step still admits a request whose prefix hit leaves only its last
+    # token (num_computed_tokens >= num_tokens - 1), and that admission does not
+    # restart the interval; one with prompt left waits for the release step.
+    rng = np.random.default_rng(207)
+    c = Case("prefill_interval_prefix_hits",
+             "prefill_schedule_interval 5 with shared prompts: copies of a 33-token prompt "
+             "(hit 32 = all but the last token) are admitted on held steps, prompts with more "
+             "left wait for the release step; tight memory preempts and resumes some.",
+             knob_config({"prefill_schedule_interval": 5},
+                         block_size=16, num_gpu_blocks=40, max_num_batched_tokens=96,
+                         max_num_seqs=16, max_model_len=512))
+    full = rng_tokens(rng, 33)
+    system = rng_tokens(rng, 48)
+    c.add("seed", 0.0, full, 40)
+    for i, t in enumerate(poisson_arrivals(rng, 30, 1.0, start=1.0)):
+        u = rng.random()
+        if u < 0.35:
+            c.add(f"copy{i}", t, full, rng.integers(5, 30))
+        elif u < 0.7:
+            c.add(f"sys{i}", t, system + rng_tokens(rng, rng.integers(1, 60)), rng.integers(5, 40))
+        else:
+            c.add(f"new{i}", t, rng_tokens(rng, rng.integers(10, 150)), rng.integers(5, 40))
+    return c
+
+
+def knobs_mix() -> Case:
+    # Every knob at once, with priorities, prefix sharing and preemptions.
+    rng = np.random.default_rng(208)
+    c = Case("knobs_mix",
+             "max_num_scheduled_tokens 120 (max_num_batched_tokens 256), max_num_active_seqs 6, "
+             "adaptive threshold 24, prefill_schedule_interval 3, priority policy, shared "
+             "prefixes, 60 usable blocks.",
+             knob_config({"max_num_scheduled_tokens": 120, "max_num_active_seqs": 6,
+                          "long_prefill_token_threshold_adaptive": True,
+                          "prefill_schedule_interval": 3},
+                         block_size=16, num_gpu_blocks=61, max_num_batched_tokens=256,
+                         max_num_seqs=12, max_model_len=512, long_prefill_token_threshold=24,
+                         policy="priority"))
+    prefixes = [rng_tokens(rng, int(rng.integers(20, 70))) for _ in range(3)]
+    for i, t in enumerate(poisson_arrivals(rng, 40, 0.6)):
+        if rng.random() < 0.6:
+            prompt = prefixes[int(rng.integers(0, 3))] + rng_tokens(rng, rng.integers(1, 120))
+        else:
+            prompt = rng_tokens(rng, rng.integers(5, 250))
+        c.add(f"r{i}", t, prompt, rng.integers(3, 50), priority=int(rng.integers(0, 3)))
+    return c
+
+
+CASE_FUNCS += [
     max_num_scheduled_tokens_cap, max_num_active_seqs_cap, long_prefill_adaptive,
     long_prefill_adaptive_scheduled_cap, prefill_interval, prefill_interval_backlog,
+    prefill_interval_prefix_hits, knobs_mix,
 ]
+PENDING_CASE_FUNCS: list = []     # none now
 
 
 def pending_cases() -> list[Case]:
@@ -783,7 +836,7 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", help="case names to write (default: all)")
     ap.add_argument("--list", action="store_true", help="print the case names and exit")
     ap.add_argument("--pending", action="store_true",
-                    help="the vLLM 0.33 cases kvsim does not pass yet (written to pending/)")
+                    help="the cases for knobs kvsim lacks (written to pending/; none now)")
     args = ap.parse_args()
     cases = pending_cases() if args.pending else all_cases()
     if args.pending and args.out == HERE:

@@ -186,3 +186,40 @@ def test_tv13_without_reserve_full_isl_the_prompt_preempts_itself():
     assert steps[1]["scheduled"] == {"R": 1, "L": 7}
     assert steps[2]["preempted"] == ["L"]
     assert steps[2]["num_free_blocks"] == 2
+
+
+# ---------------------------------------------------- vLLM 0.33 knob cases
+# Their configs name the knobs under "_knobs"; run_cases.py also wrote
+# baseline.jsonl, the real scheduler's trace without them.
+KNOB_CASES = [c.name for c in make_cases.all_cases() if c.config.get("_knobs")]
+
+
+def baseline(name: str) -> list[dict]:
+    lines = (HERE / name / "baseline.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line]
+
+
+def test_there_are_knob_cases_for_every_vllm_033_knob():
+    knobs = {k for name in KNOB_CASES
+             for k in json.loads((HERE / name / "config.json").read_text())["_knobs"]}
+    assert knobs == {"max_num_scheduled_tokens", "max_num_active_seqs",
+                     "long_prefill_token_threshold_adaptive", "prefill_schedule_interval"}
+
+
+@pytest.mark.parametrize("name", KNOB_CASES)
+def test_the_knob_changes_the_trace(name):
+    config = json.loads((HERE / name / "config.json").read_text())
+    assert set(config["_knobs"]) <= set(config["extra_scheduler_config"])
+    assert trace(name) != baseline(name)
+    finished = [rid for step in baseline(name) for rid in step["finished"]]
+    assert sorted(finished) == sorted(r["id"] for r in workload(name))
+
+
+def test_max_num_scheduled_tokens_caps_every_step():
+    assert max(sum(s["scheduled"].values()) for s in trace("max_num_scheduled_tokens_cap")) == 160
+    assert max(sum(s["scheduled"].values()) for s in baseline("max_num_scheduled_tokens_cap")) > 160
+
+
+def test_max_num_active_seqs_caps_the_running_requests():
+    assert max(s["num_running"] for s in trace("max_num_active_seqs_cap")) == 3
+    assert max(s["num_running"] for s in baseline("max_num_active_seqs_cap")) > 3
