@@ -41,6 +41,9 @@ class ChunkedScheduler(PagedScheduler):
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
+        # vLLM Scheduler.schedule: kv_cache_manager.new_step_starts() first (the
+        # hybrid manager's Mamba groups forget which states this step cached).
+        self.kv.new_step_starts()
         self.refresh_threshold()
         budget = self._schedule_running(plan, self.config.max_num_batched_tokens)
         if not plan.preempted:
@@ -103,6 +106,12 @@ class ChunkedScheduler(PagedScheduler):
         head = self.waiting.peek()
         if self.try_admission(head, budget) is not None:
             return 0
+        # The hybrid KV manager frees blocks during a run, so free blocks do not
+        # only shrink: it says itself how long the head stays blocked (None:
+        # the single-group manager, whose case the rest of this method covers).
+        limit = self.kv.decode_run_head_limit(head, self.running, max_steps)
+        if limit is not None:
+            return limit
         if not self.kv.enable_caching or head.num_computed_tokens:
             return max_steps
         hits, _ = self.kv.get_computed_blocks(head)
@@ -158,7 +167,9 @@ class ChunkedScheduler(PagedScheduler):
         n = req.prompt_len + req.num_output_tokens - computed      # num_tokens - computed
         if 0 < self._threshold < n:
             n = self._threshold
-        return min(n, budget, self.config.max_model_len - computed - 1)
+        n = min(n, budget, self.config.max_model_len - computed - 1)
+        # vLLM _mamba_block_aligned_split (hybrid Mamba models; else unchanged).
+        return self.kv.align_chunk(req, n) if n > 0 else n
 
     def _preempt_for(self, req: Request, n: int, i: int, budget: int, plan: StepPlan,
                       scheduled_now: dict[str, int]) -> tuple[int, int]:
@@ -236,7 +247,9 @@ class ChunkedScheduler(PagedScheduler):
             n = self._threshold
         if not cfg.enable_chunked_prefill and n > budget:
             return None                             # S4 [new]: break, do not skip
-        n = min(n, budget)
+        n = self.kv.align_chunk(req, min(n, budget), num_hit)   # Mamba: block-aligned chunks
+        if n <= 0:
+            return None
         fit = min(req.num_tokens, cfg.max_model_len) if cfg.scheduler_reserve_full_isl else None
         if not self._can_admit(req, n, num_hit, hits, fit):
             return None
@@ -255,7 +268,7 @@ class ChunkedScheduler(PagedScheduler):
         wm = self.watermark_blocks if self.running else 0
         free = kv.get_num_free_blocks()
         if full_tokens is not None:
-            if kv.num_blocks_to_allocate(req, full_tokens, hits) + wm > free:
+            if kv.num_blocks_to_allocate(req, full_tokens, hits, full_sequence=True) + wm > free:
                 return False
         need = min(num_hit + n, self.config.max_model_len)
         return kv.num_blocks_to_allocate(req, need, hits) + wm <= free

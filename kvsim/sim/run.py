@@ -36,7 +36,8 @@ def request_problem(req: Request, config: SchedulerConfig) -> str:
     if req.prompt_len >= config.max_model_len:
         # vLLM's input processor rejects these before they reach the scheduler.
         return f"prompt of {req.prompt_len} tokens >= max_model_len {config.max_model_len}"
-    need = -(-req.final_num_tokens // config.block_size)     # final_num_tokens <= max_model_len
+    # All KV-cache groups together (hybrid models: sliding groups hold a window).
+    need = config.blocks_per_request(req.final_num_tokens)   # final_num_tokens <= max_model_len
     usable = config.num_gpu_blocks - 1
     if need > usable:
         return (f"needs {need} KV blocks for {req.final_num_tokens} tokens; "
