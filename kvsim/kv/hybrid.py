@@ -43,6 +43,7 @@ MANAGERS = {FULL: FullAttentionManager, SLIDING: SlidingWindowManager,
             CHUNKED: ChunkedLocalAttentionManager, MAMBA: MambaManager}
 
 EMPTY: tuple = ()
+EMPTY_NEW: list = []      # allocate_slots succeeded (the schedulers test for None only)
 
 
 def _max_blocks(spec, block_size: int, num_tokens: int, cap: int | None) -> int:
@@ -102,6 +103,8 @@ class HybridKVCacheManager(HybridDecodeRuns):
         sizes = [m.block_size for m in self.managers if m.kind != MAMBA] or [specs[0].block_size]
         self.block_size = math.gcd(*sizes)
         self.has_mamba_align = any(isinstance(m, MambaManager) and m.align for m in self.managers)
+        # The groups that ever drop blocks (full attention never does).
+        self._dropping = [m for m in self.managers if m.kind != FULL]
         self._spec_groups = self._make_spec_groups()
         self._junction: dict[str, int] = {}     # vLLM Request.shared_prefix_boundary (Mamba)
         self.blocks_to_copy: list[tuple[int, int]] = []
@@ -221,6 +224,8 @@ class HybridKVCacheManager(HybridDecodeRuns):
         (``apply_admission_cap``).
         """
         hits = new_computed_blocks or EMPTY
+        if not hits and not full_sequence:
+            return self._blocks_to_grow(req.request_id, num_tokens)
         computed = req.num_computed_tokens + self._hit_tokens(hits)
         if full_sequence:
             computed = min(computed, self.max_model_len)
@@ -229,6 +234,19 @@ class HybridKVCacheManager(HybridDecodeRuns):
         for g, m in enumerate(self.managers):
             total += m.get_num_blocks_to_allocate(rid, num_tokens, hits[g] if hits else EMPTY,
                                                   computed, full_sequence)
+        return total
+
+    def _blocks_to_grow(self, rid: str, num_tokens: int) -> int:
+        """``num_blocks_to_allocate`` without a hit: each table grows to ``num_tokens``
+        slots (what every manager's rule comes to then; Mamba's own rule kept)."""
+        total = 0
+        for m in self.managers:
+            if m.kind == MAMBA:
+                total += m.get_num_blocks_to_allocate(rid, num_tokens, EMPTY, 0)
+                continue
+            n = -(-num_tokens // m.block_size) - len(m.req_to_blocks.get(rid, ()))
+            if n > 0:
+                total += n
         return total
 
     def has_evictable_hits(self, blocks) -> bool:
@@ -273,16 +291,15 @@ class HybridKVCacheManager(HybridDecodeRuns):
 
     def allocate_slots(self, req, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks=(), num_lookahead_tokens: int = 0) -> list | None:
-        """vLLM KVCacheManager.allocate_slots (see the module docstring). Returns the
-        new blocks per group, or None (then only out-of-window blocks were freed)."""
+        """vLLM KVCacheManager.allocate_slots (see the module docstring). Returns None
+        when the blocks do not fit (then only out-of-window blocks were freed)."""
         if num_new_tokens <= 0:
             raise ValueError("num_new_tokens must be > 0")
         rid = req.request_id
-        self._last_plan = None
         hits = new_computed_blocks or EMPTY
         computed = min(req.num_computed_tokens + num_new_computed_tokens, self.max_model_len)
         need = min(computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
-        for m in self.managers:
+        for m in self._dropping:
             m.remove_skipped_blocks(rid, computed)
         if self.num_blocks_to_allocate(req, need, hits) > self.pool.get_num_free_blocks():
             return None
@@ -290,17 +307,29 @@ class HybridKVCacheManager(HybridDecodeRuns):
             # Touch every group's hit before any group pops a block (vLLM #33775).
             for g, m in enumerate(self.managers):
                 m.add_local_computed_blocks(rid, hits[g], computed)
-        new = [m.allocate_new_blocks(rid, need) for m in self.managers]
+        self._grow(rid, need)
         if self.enable_caching:
-            upto = min(computed + num_new_tokens, req.num_tokens)
-            for m in self.managers:
-                m.cache_blocks(req, upto)
-        return new
+            self._cache(req, min(computed + num_new_tokens, req.num_tokens))
+        return self.get_blocks(rid) if self.debug else EMPTY_NEW
+
+    def _grow(self, rid: str, num_tokens: int) -> None:
+        """Every group's ``allocate_new_blocks`` where its table is short of
+        ``num_tokens`` slots (Mamba's always: it notes the request)."""
+        for m in self.managers:
+            blocks = m.req_to_blocks.get(rid)
+            if blocks is None or m.kind == MAMBA or len(blocks) * m.block_size < num_tokens:
+                m.allocate_new_blocks(rid, num_tokens)
+
+    def _cache(self, req, num_tokens: int) -> None:
+        """Every group's ``cache_blocks`` where a block filled up since the last call."""
+        rid = req.request_id
+        for m in self.managers:
+            if m.num_cached_block.get(rid, 0) < num_tokens // m.block_size:
+                m.cache_blocks(req, num_tokens)
 
     def free(self, req) -> None:
         """Return the request's blocks, group by group, each tail first (vLLM coordinator.free)."""
         rid = req.request_id
-        self._last_plan = None
         self._junction.pop(rid, None)
         for m in self.managers:
             m.free(rid)

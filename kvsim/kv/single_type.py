@@ -210,7 +210,45 @@ class FullAttentionManager(SingleTypeManager):
     kind = FULL
 
 
-class SlidingWindowManager(SingleTypeManager):
+class WindowManager(SingleTypeManager):
+    """What sliding-window and chunked-local groups share: a table whose dropped
+    blocks are exactly its leading nulls, counted in ``num_dropped`` (so that a
+    step with nothing to drop costs one comparison, not a scan)."""
+
+    def __init__(self, spec: LayerKVSpec, pool: BlockPool, group_id: int, **kwargs) -> None:
+        super().__init__(spec, pool, group_id, **kwargs)
+        self.num_dropped: dict[str, int] = {}
+
+    def add_local_computed_blocks(self, rid, new_computed, num_local_computed_tokens) -> None:
+        super().add_local_computed_blocks(rid, new_computed, num_local_computed_tokens)
+        self.num_dropped[rid] = self.get_num_skipped_tokens(num_local_computed_tokens) // self.block_size
+
+    def remove_skipped_blocks(self, rid: str, num_computed_tokens: int) -> None:
+        """vLLM's rule (free from the window's edge back to the first null) with the
+        nulls counted: blocks ``[num_dropped, k)`` go, the last one first."""
+        k = self.get_num_skipped_tokens(num_computed_tokens) // self.block_size
+        done = self.num_dropped.get(rid, 0)
+        if k <= done:
+            return
+        blocks = self.req_to_blocks.get(rid)
+        if not blocks:
+            return
+        k = min(k, len(blocks))
+        if k <= done:
+            return
+        freed = blocks[done:k][::-1]
+        blocks[done:k] = [NULL] * (k - done)
+        self.num_dropped[rid] = k
+        self.pool.free_blocks(freed)
+
+    def pop_blocks(self, rid: str) -> list[int]:
+        blocks = self.req_to_blocks.pop(rid, [])
+        self.num_cached_block.pop(rid, None)
+        k = self.num_dropped.pop(rid, 0)
+        return blocks[k:] if k else blocks
+
+
+class SlidingWindowManager(WindowManager):
     """vLLM SlidingWindowManager: keeps the last ``sliding_window - 1`` computed tokens."""
 
     kind = SLIDING
@@ -250,7 +288,7 @@ class SlidingWindowManager(SingleTypeManager):
         return computed, len(computed[0]) * bs
 
 
-class ChunkedLocalAttentionManager(SingleTypeManager):
+class ChunkedLocalAttentionManager(WindowManager):
     """vLLM ChunkedLocalAttentionManager: attention reads the current chunk only."""
 
     kind = CHUNKED
