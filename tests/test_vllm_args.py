@@ -147,18 +147,19 @@ def test_an_unknown_flag_is_refused_by_name():
 
 
 def test_an_unmodelled_flag_is_refused_with_the_supported_list():
-    msg = error(map_serve_args, "--enable-expert-parallel")
-    assert msg.startswith("--serve-args: --enable-expert-parallel: kvsim does not model this vllm "
-                          "serve flag yet (expert parallelism (MoE, issue 16)); supported: --block-size, ")
+    msg = error(map_serve_args, "--enable-eplb")
+    assert msg.startswith("--serve-args: --enable-eplb: kvsim does not model this vllm "
+                          "serve flag yet (expert parallelism (MoE, issue 16)); supported: --all2all-backend, "
+                          "--block-size, ")
     assert "--max-num-seqs" in msg and msg.endswith("pass --ignore-unsupported to simulate without it")
     assert "\n" not in msg
 
 
 def test_ignore_unsupported_lists_what_it_skipped():
-    mapped = map_serve_args("--enable-expert-parallel -pp 2 --async-scheduling --block-size 32 --port 1",
+    mapped = map_serve_args("--enable-eplb -pp 2 --async-scheduling --block-size 32 --port 1",
                             ignore_unsupported=True)
     assert mapped.overrides == [("engine.block_size", 32)]
-    assert mapped.ignored == ["--enable-expert-parallel", "-pp 2", "--async-scheduling"]
+    assert mapped.ignored == ["--enable-eplb", "-pp 2", "--async-scheduling"]
     assert mapped.no_effect == ["--port"]
 
 
@@ -189,7 +190,7 @@ def test_a_value_vllm_accepts_but_kvsim_does_not_model():
         "--serve-args: --kv-cache-dtype nvfp4: a value vLLM accepts but kvsim does not model: kvsim "
         "models the KV cache dtypes auto, float16, bfloat16, fp8, fp8_e4m3, fp8_e5m2; pass "
         "--ignore-unsupported to simulate without it")
-    assert serve("-pp 1 -dp 1 --dtype bfloat16") == {}
+    assert serve("-pp 1 -dp 1 --dtype bfloat16") == {"hardware.dp": 1}
 
 
 def test_an_unknown_model_is_refused_by_name():

@@ -31,11 +31,13 @@ ENGINE_KEYS = ("engine_preset", "engine_overhead", "gpu_scale")
 
 
 def build_cost_model(config: dict, *, model, gpu, tp: int = 1,
-                     kv_cache_dtype: str = "auto", engine=None) -> CostModel:
+                     kv_cache_dtype: str = "auto", engine=None, parallel=None) -> CostModel:
     """The cost model a scenario's ``cost_model:`` mapping asks for.
 
     ``engine``: the scenario's ``presets.EngineKnobs`` (None: library use,
-    vLLM-like defaults for the batch budget).
+    vLLM-like defaults for the batch budget). ``parallel``: the replica's
+    ``kvsim.specs.ParallelConfig`` (DP ranks, expert parallelism: the roofline's
+    MoE terms, ``features._moe_ops``); None is tensor parallelism only.
     """
     if config is None:
         config = {"type": "roofline"}
@@ -58,7 +60,7 @@ def build_cost_model(config: dict, *, model, gpu, tp: int = 1,
                                      f"time is cost_model.engine_overhead (step_s, "
                                      f"per_request_s, ...); set it there")
         gpu_model = roofline_cost_model(model, gpu, tp, kv_cache_dtype,
-                                        RooflineParams.from_config(gpu_config))
+                                        RooflineParams.from_config(gpu_config), parallel=parallel)
         return _with_engine(gpu_model, config, engine, tp, gpu)
     if kind == "fitted":
         _check_keys(config, {"type", "profile", *ENGINE_KEYS})
@@ -66,6 +68,10 @@ def build_cost_model(config: dict, *, model, gpu, tp: int = 1,
             raise ValueError(f"cost_model.profile: {config.get('profile')!r}; a fitted cost model "
                              f"needs a shipped profile name (kvsim/cost/profiles/NAME.json) or a path")
         from kvsim.cost.fitted import fitted_cost_model, load_profile
+        if parallel is not None and (parallel.dp > 1 or parallel.use_ep):
+            raise ValueError("cost_model.type: 'fitted' profiles are measured at tensor "
+                             "parallelism only; hardware.dp > 1 or engine.enable_expert_parallel "
+                             "need type: roofline")
         gpu_model = fitted_cost_model(load_profile(config["profile"]), model, gpu, tp, kv_cache_dtype)
         return _with_engine(gpu_model, config, engine, tp, gpu)
     raise ValueError(f"cost_model.type: {kind!r} is not a cost model; "

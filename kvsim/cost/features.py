@@ -106,6 +106,28 @@ class RankShapes:
     prefill_context_flops_per_token: float = 0.0
     prefill_context_bytes_per_token: float = 0.0
     weight_dtype_bytes: float | None = None    # GEMM weights when quantized (None: dtype_bytes)
+    # Sliding-window / chunked-local layers (Gemma 3, gpt-oss, Llama 4, Mistral):
+    # their share of the KV layers, and the window (chunk) a decode reads at most.
+    windowed_fraction: float = 0.0
+    attention_window: int = 0
+
+    def decode_keys(self, num_seqs: float, keys: float):
+        """Keys decode attention reads per layer, on average over the layers.
+
+        ``keys`` = context sum + num_seqs, each sequence's context plus its new
+        token. A sliding layer reads at most ``window`` keys of a sequence
+        (FlashAttention's ``window_size``; chunked local: the current chunk,
+        at most ``chunk``); from the sum alone that is ``min(keys, n x window)``
+        (exact when all contexts are on one side of the window, more keys
+        otherwise). Works on floats and numpy arrays alike.
+        """
+        f = self.windowed_fraction
+        if not f:
+            return keys
+        cap = num_seqs * self.attention_window
+        if isinstance(keys, float):          # the per-step path: plain floats, same operations
+            return (1.0 - f) * keys + f * (keys if keys < cap else cap)
+        return (1.0 - f) * keys + f * np.minimum(keys, cap)
 
     @property
     def decode_flops_per_pair(self) -> float:
@@ -230,6 +252,12 @@ def rank_shapes(model, tp: int = 1, kv_cache_dtype: str = "auto", parallel=None)
     ops.append(_gemm("lm_head", 1, h, vocab, db))
     # fp32 logits written by the LM head are read by softmax/top-k/sampling
     ops.append(_elementwise("sampler", 1, 2 * vocab * 4))
+    kinds = tuple(getattr(model, "layer_types", ()))
+    windowed = sum(1 for t in kinds if t in ("sliding_attention", "chunked_attention"))
+    if windowed and n_attn:
+        extra["windowed_fraction"] = windowed / n_attn
+        extra["attention_window"] = int(model.sliding_window if "sliding_attention" in kinds
+                                        else model.attention_chunk_size)
     return RankShapes(L, h, q_heads, kv_heads, hd, db, kv_bytes_layer, attn_flops_pair, tp,
                       tuple(ops), weight_dtype_bytes=wdb, **extra)
 
@@ -386,7 +414,7 @@ def decode_attention_work(shapes: RankShapes, num_seqs, context_sum):
     contexts only through their sum (``context_sum`` = sum of p).
     """
     n = np.asarray(num_seqs, dtype=float)
-    keys = np.asarray(context_sum, dtype=float) + n
+    keys = shapes.decode_keys(n, np.asarray(context_sum, dtype=float) + n)
     flops = keys * shapes.decode_flops_per_pair
     nbytes = (keys + n) * shapes.kv_bytes_per_token_layer + n * shapes.q_bytes_per_token
     return flops, nbytes

@@ -108,6 +108,7 @@ class StepCostModel:
         self._ctx_bytes = sh.prefill_context_bytes_per_token
         self._kv_bytes_per_token_layer = sh.kv_bytes_per_token_layer
         self._q_bytes_per_token = sh.q_bytes_per_token
+        self._window = bool(sh.windowed_fraction)   # RankShapes.decode_keys (sliding layers)
         self._prefill_heads = sh.kv_heads if self.prefill_attention.wave_kv_heads else sh.q_heads
         mixed = self.mixed_decode_attention
         self._decode_coef = _decode_terms(self.decode_attention)
@@ -243,6 +244,7 @@ class StepCostModel:
         spf, spb, floor_s, const_s, spt = self._decode_coef
         fpp, kvb = self._decode_flops_per_pair, self._kv_bytes_per_token_layer
         num_layers = self.shapes.num_layers
+        window, decode_keys = self._window, self.shapes.decode_keys
         n = float(num_seqs)
         q_bytes, per_seq = n * self._q_bytes_per_token, spt * n
         times, durations = [start], []
@@ -252,6 +254,8 @@ class StepCostModel:
                 break
             # _decode_attention_time_scalar(num_seqs, float(context)), inlined.
             keys = float(context) + n
+            if window:
+                keys = decode_keys(n, keys)
             per_layer = max(spf * (keys * fpp), spb * ((keys + n) * kvb + q_bytes), floor_s) \
                 + const_s + per_seq
             d = _combine((linear + num_layers * per_layer + allreduce) * scale, launch, cpu,
@@ -345,6 +349,8 @@ class StepCostModel:
         spf, spb, floor_s, const_s, spt = self._mixed_decode_coef if mixed else self._decode_coef
         n = float(num_seqs)
         keys = context_sum + n
+        if self._window:                    # sliding layers read only their window (catalog #16)
+            keys = self.shapes.decode_keys(n, keys)
         flops = keys * self._decode_flops_per_pair
         nbytes = (keys + n) * self._kv_bytes_per_token_layer + n * self._q_bytes_per_token
         per_layer = max(spf * flops, spb * nbytes, floor_s) + const_s + spt * n
@@ -356,6 +362,8 @@ class StepCostModel:
         n = float(num_seqs)
         keys = context_sums
         keys += n
+        if self._window:
+            keys = self.shapes.decode_keys(n, keys)
         flops = keys * self._decode_flops_per_pair
         flops *= spf
         nbytes = keys                      # (keys + n) * kv bytes + n * q bytes, in place

@@ -104,6 +104,20 @@ class BlockPool:
                 out.append(b)
         return out
 
+    def iter_free_queue(self):
+        """The free queue from head to tail, lazily (``free_queue`` without the
+        list; the hybrid KV manager's decode runs read only its front)."""
+        dead = dict(self._stale) if self._stale else None
+        queue = self._queue
+        for i in range(self._head, len(queue)):
+            b = queue[i]
+            if dead:
+                k = dead.get(b)
+                if k:
+                    dead[b] = k - 1
+                    continue
+            yield b
+
     def get_cached_block(self, block_hash: int) -> int | None:
         """The first block stored under ``block_hash``, or None (B8)."""
         entry = self._cached.get(block_hash)

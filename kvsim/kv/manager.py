@@ -100,11 +100,14 @@ class KVCacheManager:
             return 0
         return len(self.pool.get_cached_prefix(block_hashes, len(block_hashes)))
 
-    def num_blocks_to_allocate(self, req, num_tokens: int, new_computed_blocks=()) -> int:
+    def num_blocks_to_allocate(self, req, num_tokens: int, new_computed_blocks=(),
+                               full_sequence: bool = False) -> int:
         """Free blocks an allocation for ``num_tokens`` slots would use up (A2).
 
         Reviving a cached block that sits in the free queue uses up one free
-        block, exactly like allocating a new one.
+        block, exactly like allocating a new one. ``full_sequence`` (the
+        whole-prompt gate) changes nothing here: vLLM caps only sliding-window
+        and chunked-local groups there (the hybrid manager, kv/hybrid.py).
         """
         held = len(self.req_to_blocks.get(req.request_id, ()))
         required = self.num_blocks_for(num_tokens)
@@ -116,7 +119,20 @@ class KVCacheManager:
         num_evictable = sum(1 for b in new_computed_blocks if ref[b] == 0)
         return num_new + num_evictable
 
+    def align_chunk(self, req, num_new_tokens: int, num_new_computed_tokens: int = 0) -> int:
+        """The chunk the scheduler may give ``req``: unchanged with one group
+        (the hybrid manager cuts Mamba prefills at block boundaries)."""
+        return num_new_tokens
+
+    def decode_run_head_limit(self, head, reqs, max_steps: int) -> None:
+        """None: chunked's own rule for a blocked waiting head holds with one
+        group (free blocks only shrink in a run); see kv/hybrid_runs.py."""
+        return None
+
     # ------------------------------------------------------------ mutations
+    def new_step_starts(self) -> None:
+        """A new schedule() call (vLLM KVCacheManager.new_step_starts); nothing to do
+        with one group (the hybrid manager's Mamba groups reset a set)."""
 
     def allocate_slots(self, req, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks=(), num_lookahead_tokens: int = 0,

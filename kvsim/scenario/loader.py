@@ -8,7 +8,7 @@ workload file that cannot be read.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +20,11 @@ from kvsim.cost.presets import EngineKnobs
 from kvsim.sched.config import SchedulerConfig
 from kvsim.scenario.schema import (Scenario, ScenarioError, format_validation_error,
                                    parse_overrides, read_scenario_dict)
-from kvsim.specs.capacity import KVCapacity, kv_capacity
+from kvsim.specs.capacity import KVCapacity, kv_capacity, model_kv_cache_groups
 from kvsim.specs.catalog import load_gpu, load_model
 from kvsim.specs.gpu import GPUSpec
 from kvsim.specs.model import ModelSpec
+from kvsim.specs.parallel import ParallelConfig
 from kvsim.workload.config import WorkloadConfig, parse_workload_config, resolve_path
 
 GIB = 1 << 30
@@ -91,28 +92,46 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
     tp = sc.hardware.tp
     _check_tensor_parallel(model, tp)
     eng = sc.engine
+    parallel = _parallel_layout(model, sc.hardware, eng)
     notes = []
     batched, seqs = _default_budget(gpu)
     max_num_batched_tokens = eng.max_num_batched_tokens or batched
     max_num_seqs = eng.max_num_seqs or min(seqs, max_num_batched_tokens)
+    disable_hybrid = _hybrid_manager_choice(model, eng, notes)
 
     capacity = None
-    if eng.num_gpu_blocks_override is not None:
-        num_gpu_blocks = eng.num_gpu_blocks_override
-    else:
-        try:
-            capacity = kv_capacity(model, gpu, tp=tp, gpu_memory_utilization=eng.gpu_memory_utilization,
+    try:
+        if eng.num_gpu_blocks_override is not None:
+            num_gpu_blocks = eng.num_gpu_blocks_override
+            groups, block_size, _ = model_kv_cache_groups(
+                model, eng.block_size, eng.kv_cache_dtype, tp, disable_hybrid,
+                eng.enable_prefix_caching)
+        else:
+            capacity = kv_capacity(model, gpu, tp=tp, dp=parallel.dp,
+                                   enable_expert_parallel=parallel.enable_expert_parallel,
+                                   gpu_memory_utilization=eng.gpu_memory_utilization,
                                    block_size=eng.block_size, kv_cache_dtype=eng.kv_cache_dtype,
                                    max_num_batched_tokens=max_num_batched_tokens,
                                    max_num_seqs=max_num_seqs,
-                                   # The engine keeps one block table per request until the
-                                   # hybrid KV manager lands (#16): size the pool as vLLM's
-                                   # --disable-hybrid-kv-cache-manager does (same for one group).
-                                   disable_hybrid_kv_cache_manager=True)
-        except ValueError as exc:
-            raise ScenarioError(f"model/hardware: {exc}") from None
-        num_gpu_blocks = capacity.num_gpu_blocks
-    token_capacity = (num_gpu_blocks - 1) * eng.block_size
+                                   disable_hybrid_kv_cache_manager=disable_hybrid,
+                                   enable_prefix_caching=eng.enable_prefix_caching)
+            num_gpu_blocks = capacity.num_gpu_blocks
+            groups, block_size = capacity.kv_groups, capacity.block_size
+    except ValueError as exc:
+        raise ScenarioError(f"model/hardware: {exc}") from None
+    if block_size != eng.block_size:
+        notes.append(f"engine.block_size: {eng.block_size} raised to {block_size} so that one "
+                     f"attention page holds {model.name}'s linear-attention state (vLLM "
+                     f"Platform._align_hybrid_block_size)")
+    # The hybrid KV manager (kv/hybrid.py) when a group drops blocks or there are several.
+    uses_groups = groups.is_hybrid or groups.groups[0].kind != "full_attention"
+    kv_groups = groups if uses_groups and eng.scheduler == "chunked" else None
+    probe = SchedulerConfig(num_gpu_blocks=num_gpu_blocks, block_size=block_size,
+                            max_model_len=model.max_position_embeddings,
+                            max_num_batched_tokens=max_num_batched_tokens,
+                            enable_prefix_caching=eng.enable_prefix_caching, kv_groups=kv_groups)
+    usable = num_gpu_blocks - 1
+    token_capacity = _longest_fitting(probe, usable, model.max_position_embeddings)
     max_model_len = eng.max_model_len
     if max_model_len is None:
         # vLLM would refuse to start; kvsim caps the default at what fits, and says so.
@@ -126,11 +145,17 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
                 f"tokens, less than the model's {model.max_position_embeddings}; capped at "
                 f"{max_model_len} (vLLM would refuse to start): longer prompts fail and "
                 f"outputs stop at that length; set engine.max_model_len to choose")
-    elif max_model_len > token_capacity:
-        raise ScenarioError(
-            f"engine.max_model_len: got {max_model_len}; one request of that length needs "
-            f"{-(-max_model_len // eng.block_size)} blocks but the KV cache has {num_gpu_blocks - 1} "
-            f"usable blocks ({token_capacity} tokens); lower it or give the cache more memory")
+    else:
+        need = replace(probe, max_model_len=max_model_len).blocks_per_request(max_model_len)
+        if need > usable:
+            raise ScenarioError(
+                f"engine.max_model_len: got {max_model_len}; one request of that length needs "
+                f"{need} blocks{' (all KV-cache groups)' if kv_groups else ''} but the KV cache "
+                f"has {usable} usable blocks ({token_capacity} tokens); lower it or give the "
+                f"cache more memory")
+    if model.sliding_window and max_model_len <= model.sliding_window:
+        notes.append(f"engine.max_model_len: {max_model_len} <= {model.name}'s sliding_window "
+                     f"({model.sliding_window}): its sliding layers keep every token")
     notes += _check_baseline_scheduler(eng)
     _check_engine_loop(eng)
     speculative = _speculative_config(eng, sc.seed, base, max_num_batched_tokens)
@@ -155,7 +180,7 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
         0.01 if eng.scheduler in ("continuous", "simple_chunking") else 0.0)
     block_bytes = model.kv_bytes_per_block(eng.block_size, eng.kv_cache_dtype, tp)
     sched_config = SchedulerConfig(
-        num_gpu_blocks=num_gpu_blocks, block_size=eng.block_size, max_model_len=max_model_len,
+        num_gpu_blocks=num_gpu_blocks, block_size=block_size, max_model_len=max_model_len,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         enable_prefix_caching=(eng.enable_prefix_caching
                                and eng.scheduler not in ("simple_chunking", "orca")),
@@ -173,7 +198,7 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
         async_scheduling=eng.async_scheduling,
         num_scheduler_steps=eng.num_scheduler_steps,
         speculative=speculative,
-        orca_reservation=eng.orca_reservation or "max")
+        orca_reservation=eng.orca_reservation or "max", kv_groups=kv_groups)
     knobs = EngineKnobs(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         enforce_eager=eng.enforce_eager,
                         cudagraph_capture_sizes=(tuple(eng.cudagraph_capture_sizes)
@@ -185,7 +210,8 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
         cost_config = {**cost_config, "engine_overhead": str(base / fit_file)}
     try:
         cost_model = build_cost_model(cost_config, model=model, gpu=gpu, tp=tp,
-                                      kv_cache_dtype=eng.kv_cache_dtype, engine=knobs)
+                                      kv_cache_dtype=eng.kv_cache_dtype, engine=knobs,
+                                      parallel=parallel if parallel.world_size > 1 else None)
         if speculative is not None and hasattr(cost_model, "with_draft"):
             from kvsim.cost.spec_decode import draft_cost
             cost_model = cost_model.with_draft(draft_cost(speculative, model, gpu, tp,
@@ -336,6 +362,63 @@ def _check_tensor_parallel(model: ModelSpec, tp: int) -> None:
         raise ScenarioError(
             f"hardware.tp: got {tp}; model {model.name} has {kv} KV heads: tp must divide them "
             f"or be a multiple of them (vLLM shards or replicates KV heads evenly)")
+
+
+def _parallel_layout(model: ModelSpec, hardware, eng) -> ParallelConfig:
+    """The replica's TP/DP/EP layout; what vLLM refuses, as one line naming the key."""
+    parallel = ParallelConfig(hardware.tp, hardware.dp, eng.enable_expert_parallel,
+                              eng.all2all_backend)
+    try:
+        parallel.check(model)
+    except ValueError as exc:
+        msg = str(exc)
+        if msg.startswith("enable_expert_parallel"):
+            raise ScenarioError(f"engine.{msg}") from None
+        if msg.startswith("expert-parallel size"):
+            raise ScenarioError(f"hardware.dp: got {hardware.dp} (with hardware.tp {hardware.tp} "
+                                f"and engine.enable_expert_parallel): {msg}") from None
+        raise ScenarioError(f"hardware.tp: got {hardware.tp}; {msg}") from None
+    return parallel
+
+
+def _hybrid_manager_choice(model: ModelSpec, eng, notes: list[str]) -> bool | None:
+    """``disable_hybrid_kv_cache_manager`` as the run uses it (None: vLLM's default)."""
+    disable = eng.disable_hybrid_kv_cache_manager
+    mamba = model.has_linear_attention
+    if mamba and disable:
+        raise ScenarioError(f"engine.disable_hybrid_kv_cache_manager: got true; {model.name}'s "
+                            f"linear-attention (Mamba) layers need vLLM's hybrid KV cache manager")
+    if mamba and eng.enable_prefix_caching and not eng.enable_chunked_prefill:
+        raise ScenarioError(f"engine.enable_chunked_prefill: got false; vLLM requires chunked "
+                            f"prefill for prefix caching of {model.name}'s Mamba state "
+                            f"(MambaModelConfig); turn it on or engine.enable_prefix_caching off")
+    if model.is_hybrid and eng.scheduler != "chunked":
+        if mamba:
+            raise ScenarioError(f"engine.scheduler: got {eng.scheduler!r}; {model.name}'s Mamba "
+                                f"state needs vLLM V1's hybrid KV cache manager: scheduler chunked")
+        if disable is False:
+            raise ScenarioError(f"engine.disable_hybrid_kv_cache_manager: got false; the "
+                                f"{eng.scheduler} scheduler keeps one block table per request "
+                                f"(vLLM V0): the hybrid KV cache manager needs scheduler chunked")
+        notes.append(f"engine.scheduler: {eng.scheduler} keeps every token of {model.name}'s "
+                     f"sliding/chunked layers (one block table per request, as "
+                     f"--disable-hybrid-kv-cache-manager)")
+        return True
+    return disable
+
+
+def _longest_fitting(config: SchedulerConfig, usable: int, limit: int) -> int:
+    """The longest request (tokens, at most ``limit``) whose blocks fit in ``usable``."""
+    if not config.is_hybrid:
+        return usable * config.block_size
+    lo, hi = 0, limit
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if replace(config, max_model_len=mid).blocks_per_request(mid) <= usable:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _divisors(n: int) -> str:

@@ -26,6 +26,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kvsim.scenario.yamlio import YamlError, load_yaml, read_yaml_file
+from kvsim.specs.parallel import ALL2ALL_BACKENDS
 
 
 class ScenarioError(ValueError):
@@ -40,6 +41,8 @@ class _Section(BaseModel):
 class HardwareSection(_Section):
     gpu: str | dict[str, Any] = "h100-sxm"
     tp: int = Field(1, ge=1, le=64, description="tensor-parallel degree (GPUs per replica)")
+    dp: int = Field(1, ge=1, le=64, description="data-parallel ranks of one engine (vLLM "
+                                                "--data-parallel-size); kvsim simulates one")
 
 
 class EngineSection(_Section):
@@ -74,6 +77,11 @@ class EngineSection(_Section):
     kv_cache_dtype: Literal["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8"] = "auto"
     watermark: float | None = Field(None, ge=0.0, lt=1.0)
     scheduler_reserve_full_isl: bool = True
+    # MoE layouts (kvsim/specs/parallel.py) and vLLM's hybrid KV manager (kv/hybrid.py)
+    enable_expert_parallel: bool = False
+    all2all_backend: Literal[ALL2ALL_BACKENDS] = "allgather_reducescatter"
+    disable_hybrid_kv_cache_manager: bool | None = Field(
+        None, description="None: vLLM 0.33's choice (off for chunked local attention)")
     # CUDA graphs, modelled by cost_model.engine_preset (kvsim/cost/presets.py); None: the preset's default
     enforce_eager: bool | None = None
     cudagraph_capture_sizes: list[Annotated[int, Field(ge=1)]] | None = Field(None, min_length=1)

@@ -74,6 +74,9 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
+        # vLLM Scheduler.schedule: kv_cache_manager.new_step_starts() first (the
+        # hybrid manager's Mamba groups forget which states this step cached).
+        self.kv.new_step_starts()
         self.refresh_threshold()
         self.cadence.start_step(self.running)
         budget = self._schedule_running(plan, self.new_budget())
@@ -207,6 +210,12 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
         if admission is not None:                          # admitted now, unless the step holds it
             return self.cadence.steps_head_stays_held(head, admission[1], max_steps, self.kv,
                                                       self.running)
+        # The hybrid KV manager frees blocks during a run, so free blocks do not
+        # only shrink: it says itself how long the head stays blocked (None:
+        # the single-group manager, whose case the rest of this method covers).
+        limit = self.kv.decode_run_head_limit(head, self.running, max_steps)
+        if limit is not None:
+            return limit
         if not self.kv.enable_caching or head.num_computed_tokens:
             return max_steps
         hits, _ = self.kv.get_computed_blocks(head)
@@ -269,7 +278,9 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
             n += self._drafts.num_drafts(req)       # num_tokens_with_spec - computed
         if 0 < self._threshold < n:
             n = self._threshold
-        return min(n, budget, self.config.max_model_len - computed - 1)
+        n = min(n, budget, self.config.max_model_len - computed - 1)
+        # vLLM _mamba_block_aligned_split (hybrid Mamba models; else unchanged).
+        return self.kv.align_chunk(req, n) if n > 0 else n
 
     def _preempt_for(self, req: Request, n: int, i: int, budget: StepBudget, plan: StepPlan,
                       scheduled_now: dict[str, int]) -> tuple[int, StepBudget]:
@@ -398,7 +409,8 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
             n = self._threshold
         if not self.config.enable_chunked_prefill and n > budget:
             return None                             # S4 [new]: break, do not skip
-        return min(n, budget)
+        n = self.kv.align_chunk(req, min(n, budget), num_computed)   # Mamba: block-aligned chunks
+        return n if n > 0 else None
 
     def try_admission(self, req: Request, budget: int):
         """What admitting ``req`` now would do, or None (it does not fit: the queue
@@ -448,7 +460,7 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
         wm = self.watermark_blocks if self.running else 0
         free = kv.get_num_free_blocks()
         if full_tokens is not None:
-            if kv.num_blocks_to_allocate(req, full_tokens, hits) + wm > free:
+            if kv.num_blocks_to_allocate(req, full_tokens, hits, full_sequence=True) + wm > free:
                 return False
         # Lookahead slots come with work to do (none for an asynchronous load, n = 0).
         need = min(num_hit + n + (self._lookahead if n else 0), self.config.max_model_len)

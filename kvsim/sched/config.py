@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,37 @@ class SchedulerConfig:
     num_scheduler_steps: int = 1
     # orca only: the contiguous reservation per request (kvsim.sched.orca)
     orca_reservation: str = "max"             # max | pow2 | oracle
+    # vLLM's KV-cache groups (kvsim.specs.kv_groups.KVCacheGroups); several of them
+    # run the hybrid KV manager (kv/hybrid.py). None: one full-attention group.
+    kv_groups: Any = None
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether the KV manager keeps more than one full-attention table: several
+        groups, or one that drops blocks (sliding window, chunked local, Mamba),
+        which vLLM serves with the same single-type managers (one coordinator)."""
+        g = self.kv_groups
+        return g is not None and (g.is_hybrid or g.groups[0].kind != "full_attention")
+
+    def blocks_per_request(self, num_tokens: int) -> int:
+        """Blocks one request of ``num_tokens`` tokens holds at most, all groups."""
+        if not self.is_hybrid:
+            return -(-min(num_tokens, self.max_model_len) // self.block_size)
+        from kvsim.kv.hybrid import blocks_per_request
+        return blocks_per_request(self.kv_groups, num_tokens, max_model_len=self.max_model_len,
+                                  max_in_flight_tokens=self.max_num_batched_tokens,
+                                  enable_caching=self.enable_prefix_caching)
 
     def make_kv_manager(self):
-        """The paged KV manager these settings describe."""
+        """The paged KV manager these settings describe: vLLM's hybrid manager for
+        several KV-cache groups (``disable_hybrid_kv_cache_manager`` leaves one)."""
+        if self.is_hybrid:
+            from kvsim.kv.hybrid import HybridKVCacheManager
+            return HybridKVCacheManager(
+                self.kv_groups, self.num_gpu_blocks, max_model_len=self.max_model_len,
+                max_num_batched_tokens=self.max_num_batched_tokens,
+                long_prefill_token_threshold=self.long_prefill_token_threshold,
+                enable_caching=self.enable_prefix_caching, lifo_unhashed=self.lifo_unhashed_free)
         from kvsim.kv.manager import KVCacheManager
         return KVCacheManager(self.num_gpu_blocks, self.block_size, max_model_len=self.max_model_len,
                               enable_caching=self.enable_prefix_caching,

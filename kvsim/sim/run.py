@@ -56,7 +56,8 @@ def request_problem(spec: RequestSpec, config: SchedulerConfig) -> str:
         # vLLM's input processor rejects these before they reach the scheduler.
         return f"prompt of {prompt_len} tokens >= max_model_len {config.max_model_len}"
     final = final_num_tokens(prompt_len, spec.max_tokens, config.max_model_len)
-    need = -(-final // config.block_size)     # final <= max_model_len
+    # All KV-cache groups together (hybrid models: sliding groups hold a window).
+    need = config.blocks_per_request(final)     # final <= max_model_len
     usable = config.num_gpu_blocks - 1
     if need > usable:
         return (f"needs {need} KV blocks for {final} tokens; "

@@ -269,13 +269,9 @@ def kv_capacity(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, dp: int = 1,
                         ("cudagraph_bytes", cudagraph_bytes)):
         if value is not None:
             _check_int(name, value, minimum=0)
-    if disable_hybrid_kv_cache_manager is None:
-        disable_hybrid_kv_cache_manager = "chunked_attention" in model.layer_types
-
-    specs, block_size = model_layer_specs(
-        model, block_size, kv_cache_dtype, tp,
-        mamba_cache_mode="align" if enable_prefix_caching else "none")
-    groups = get_kv_cache_groups(specs, disable_hybrid_kv_cache_manager)
+    groups, block_size, disable_hybrid_kv_cache_manager = model_kv_cache_groups(
+        model, block_size, kv_cache_dtype, tp, disable_hybrid_kv_cache_manager,
+        enable_prefix_caching)
     kv_per_token = model.kv_bytes_per_token(kv_cache_dtype, tp)
     block_bytes = groups.bytes_per_block
     total = gpu.memory_bytes
@@ -317,6 +313,25 @@ def kv_capacity(model: ModelSpec, gpu: GPUSpec, *, tp: int = 1, dp: int = 1,
         # VllmConfig.max_in_flight_tokens: two batches with async scheduling (0.33 default)
         max_in_flight_tokens=(2 if async_scheduling else 1) * max_num_batched_tokens,
     )
+
+
+def model_kv_cache_groups(model: ModelSpec, block_size: int, kv_cache_dtype: str = "auto",
+                          tp: int = 1, disable_hybrid_kv_cache_manager: bool | None = None,
+                          enable_prefix_caching: bool = True) -> tuple[KVCacheGroups, int, bool]:
+    """vLLM's KV-cache groups of ``model``: (groups, block size, hybrid manager off).
+
+    ``disable_hybrid_kv_cache_manager`` None is vLLM 0.33's choice (see
+    :func:`kv_capacity`). The block size is raised for Mamba state
+    (:func:`kvsim.specs.kv_groups.model_layer_specs`). Raises ``ValueError``
+    when vLLM cannot put the layers in one group with the manager off.
+    """
+    if disable_hybrid_kv_cache_manager is None:
+        disable_hybrid_kv_cache_manager = "chunked_attention" in model.layer_types
+    specs, block_size = model_layer_specs(
+        model, block_size, kv_cache_dtype, tp,
+        mamba_cache_mode="align" if enable_prefix_caching else "none")
+    return (get_kv_cache_groups(specs, disable_hybrid_kv_cache_manager), block_size,
+            disable_hybrid_kv_cache_manager)
 
 
 def _does_not_fit(model: ModelSpec, gpu: GPUSpec, parallel: ParallelConfig, util: float,

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from kvsim.scenario.vllm_args.parse import VllmArgsError
 from kvsim.scenario.vllm_args.values import Rule
+from kvsim.specs.parallel import ALL2ALL_BACKENDS
 
 
 @dataclass(frozen=True)
@@ -115,8 +116,10 @@ SUPPORTED: dict[str, To] = {
     "tensor_parallel_size": To("hardware.tp", Rule("int", ge=1, source="ParallelConfig.tensor_parallel_size")),
     "pipeline_parallel_size": To(None, Rule("int", ge=1, source="ParallelConfig.pipeline_parallel_size"),
                                  _only(1, "one pipeline stage (--pipeline-parallel-size 1)")),
-    "data_parallel_size": To(None, Rule("int", ge=1, source="ParallelConfig.data_parallel_size"),
-                             _only(1, "one data-parallel replica (--data-parallel-size 1)")),
+    "data_parallel_size": To("hardware.dp", Rule("int", ge=1, source="ParallelConfig.data_parallel_size")),
+    "enable_expert_parallel": To("engine.enable_expert_parallel", Rule("switch")),
+    "all2all_backend": To("engine.all2all_backend", Rule("str", choices=ALL2ALL_BACKENDS)),
+    "disable_hybrid_kv_cache_manager": To("engine.disable_hybrid_kv_cache_manager", Rule("switch")),
     "dtype": To(None, Rule("str", choices=("auto", "bfloat16", "float", "float16", "float32", "half")), _dtype),
     "block_size": To("engine.block_size", Rule("int", gt=0, source="CacheConfig.block_size")),
     "gpu_memory_utilization": To("engine.gpu_memory_utilization",
@@ -162,7 +165,7 @@ PLANNED: dict[str, str] = {
     **dict.fromkeys(("speculative_config", "spec_method", "spec_model", "spec_tokens"),
                     "speculative decoding (engine time, issue 13)"),
     **dict.fromkeys(("stream_interval",), "engine time (issue 13)"),
-    **dict.fromkeys(("enable_expert_parallel", "all2all_backend", "enable_eplb", "eplb_config",
+    **dict.fromkeys(("enable_eplb", "eplb_config",
                      "expert_placement_strategy", "enable_dbo", "ubatch_size"),
                     "expert parallelism (MoE, issue 16)"),
     **dict.fromkeys(("quantization", "kv_cache_memory_bytes"), "model and memory specs (issue 16)"),
