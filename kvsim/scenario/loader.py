@@ -18,7 +18,7 @@ from kvsim.cost import build_cost_model
 from kvsim.cost.base import CostModel
 from kvsim.cost.presets import EngineKnobs
 from kvsim.sched.config import SchedulerConfig
-from kvsim.scenario.schema import (Scenario, ScenarioError, format_validation_error,
+from kvsim.scenario.schema import (RadixSection, Scenario, ScenarioError, format_validation_error,
                                    parse_overrides, read_scenario_dict)
 from kvsim.specs.capacity import KVCapacity, kv_capacity
 from kvsim.specs.catalog import load_gpu, load_model
@@ -157,7 +157,7 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
         scheduler_reserve_full_isl=eng.scheduler_reserve_full_isl, watermark=watermark,
         preemption_mode=eng.preemption_mode or "recompute",
         num_cpu_blocks=int(eng.swap_space * GIB) // block_bytes,
-        swap_block_bytes=block_bytes, debug=eng.debug)
+        swap_block_bytes=block_bytes, debug=eng.debug, **_radix_settings(eng, workload))
     knobs = EngineKnobs(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         enforce_eager=eng.enforce_eager,
                         cudagraph_capture_sizes=(tuple(eng.cudagraph_capture_sizes)
@@ -176,6 +176,38 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
                             else f"cost_model: {msg}") from None
     return LoadedScenario(sc, data, base, model, gpu, tp, capacity, sched_config, cost_model, workload,
                           tuple(notes))
+
+
+def _radix_settings(eng, workload: WorkloadConfig) -> dict[str, Any]:
+    """``engine.prefix_cache`` / ``engine.radix`` as SchedulerConfig fields; a radix
+    cache with a knob it cannot honour is an error that names the knob."""
+    if eng.prefix_cache == "hash":
+        if eng.radix is not None:
+            raise ScenarioError("engine.radix: set, but engine.prefix_cache is 'hash'; "
+                                "set engine.prefix_cache: radix to use it")
+        return {}
+    radix = eng.radix or RadixSection()
+    why = None
+    if not eng.enable_prefix_caching:
+        why = ("engine.enable_prefix_caching: false with engine.prefix_cache: radix; a radix "
+               "cache always caches (SGLang --disable-radix-cache is prefix caching off: use "
+               "enable_prefix_caching: false with prefix_cache: hash)")
+    elif eng.scheduler != "chunked":
+        why = (f"engine.scheduler: {eng.scheduler!r} with engine.prefix_cache: radix; the radix "
+               f"cache runs inside the chunked (vLLM V1) scheduler only")
+    elif radix.page_size not in (1, eng.block_size):
+        why = (f"engine.radix.page_size: got {radix.page_size}; allowed: 1 (token-granular) or "
+               f"engine.block_size ({eng.block_size}): the radix pages are the engine's KV blocks")
+    elif eng.watermark and radix.page_size != eng.block_size:
+        why = (f"engine.watermark: got {eng.watermark}; the scheduler sizes it in blocks, which a "
+               f"token-granular radix cache does not count in; allowed with radix page_size 1: 0")
+    elif workload.cache_salt is not None:
+        why = ("workload.cache_salt: set with engine.prefix_cache: radix; SGLang 0.4.6's radix "
+               "tree has no cache salt (kvsim does not model 0.5.x's extra_key)")
+    if why:
+        raise ScenarioError(why)
+    return {"prefix_cache": "radix", "radix_page_size": radix.page_size,
+            "radix_eviction_policy": radix.eviction_policy, "radix_split_prompt": radix.split_prompt}
 
 
 def _check_tensor_parallel(model: ModelSpec, tp: int) -> None:

@@ -56,8 +56,17 @@ class ChunkedScheduler(PagedScheduler):
         self._threshold = self.config.long_prefill_token_threshold if num_in_system > 1 else 0
 
     def update_from_output(self, plan: StepPlan, now: float) -> list[Request]:
-        """Every request whose chunk reached its last token samples one (S7)."""
-        return self.finish_requests(sample_tokens(plan, now), now)
+        """Every request whose chunk reached its last token samples one (S7).
+
+        vLLM caches blocks at schedule time (A4); a KV manager that caches
+        after the forward pass instead (the radix strategy, SGLang G3) takes
+        in the step's prefills and chunks here, before finished requests are
+        freed.
+        """
+        finished = sample_tokens(plan, now)
+        if not self.kv.caches_at_schedule_time:
+            self.kv.cache_after_step(plan.scheduled)
+        return self.finish_requests(finished, now)
 
     def pop_unschedulable(self) -> Request | None:
         return self.waiting.pop() if len(self.waiting) else None
@@ -113,6 +122,10 @@ class ChunkedScheduler(PagedScheduler):
         j = len(hits)
         if j >= (head.num_tokens - 1) // self.kv.block_size:
             return max_steps                     # the longest hit H3 allows
+        if not self.kv.caches_at_schedule_time:
+            # A cache that inserts after the step (radix, SGLang G3) takes decode
+            # tokens in only at finish: no hit grows during a decode run.
+            return max_steps
         first = self.kv.first_step_caching(self.running, [r.num_computed_tokens for r in self.running],
                                            head.block_hashes[j], max_steps)
         return max_steps if first is None else first - 1

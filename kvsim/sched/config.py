@@ -30,9 +30,28 @@ class SchedulerConfig:
     num_cpu_blocks: int = 0                   # swap space, in blocks
     swap_block_bytes: int = 0                 # bytes of one block, for swap traffic
     debug: bool = False                       # keep tokens per block; check every hit
+    # The prefix cache behind the KV manager facade: hash (vLLM's hashed full
+    # blocks, kv/manager.py) or radix (SGLang's RadixCache, kv/radix_manager.py).
+    prefix_cache: str = "hash"
+    radix_page_size: int = 1                  # SGLang --page-size: 1 or block_size
+    radix_eviction_policy: str = "lru"        # SGLang 0.5.x --radix-eviction-policy
+    radix_split_prompt: bool = False          # SGLang 0.5.x's prompt insert at finish
+
+    @property
+    def keeps_token_ids(self) -> bool:
+        """Whether requests keep their token ids: the radix tree is keyed by them."""
+        return self.debug or self.prefix_cache == "radix"
 
     def make_kv_manager(self):
         """The paged KV manager these settings describe."""
+        if self.prefix_cache == "radix":
+            from kvsim.kv.radix_manager import RadixKVManager
+            return RadixKVManager(self.num_gpu_blocks, self.block_size, max_model_len=self.max_model_len,
+                                  page_size=self.radix_page_size,
+                                  eviction_policy=self.radix_eviction_policy,
+                                  split_prompt=self.radix_split_prompt, debug=self.debug)
+        if self.prefix_cache != "hash":
+            raise ValueError(f"engine.prefix_cache: {self.prefix_cache!r} is not one of 'hash', 'radix'")
         from kvsim.kv.manager import KVCacheManager
         return KVCacheManager(self.num_gpu_blocks, self.block_size, max_model_len=self.max_model_len,
                               enable_caching=self.enable_prefix_caching,
