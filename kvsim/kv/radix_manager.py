@@ -181,6 +181,10 @@ class RadixKVManager:
 
         Returns the slots of the new tokens.
         """
+        held = self._held.get(req.request_id)
+        if (held is not None and num_new_tokens == 1 and not num_lookahead_tokens
+                and req.num_computed_tokens >= held.fill_target):
+            return self._decode_one(held.rr.kv_indices)
         if num_new_tokens <= 0:
             raise ValueError("num_new_tokens must be > 0")
         if num_lookahead_tokens:
@@ -188,7 +192,6 @@ class RadixKVManager:
         need = req.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         if self.num_blocks_to_allocate(req, need, new_computed_blocks) > self.get_num_free_blocks():
             return None
-        held = self._held.get(req.request_id)
         if held is None:
             out = self._admit(req, num_new_tokens, num_new_computed_tokens)
         elif req.num_computed_tokens < held.fill_target:
@@ -346,6 +349,20 @@ class RadixKVManager:
             if self._looked_up is not None and self._looked_up[0] == req.request_id:
                 self._looked_up = None
         return out
+
+    def _decode_one(self, kv: list[int]) -> list[int] | None:
+        """One decode token: the slot after the last one, or a new page (``_take_pages``)."""
+        ps = self.page_size
+        if ps != 1 and len(kv) % ps:
+            slot = kv[-1] + 1                # the request's own, partly used last page
+        elif self.allocator.available_size() or self.tree.evictable_size():
+            slot = self._take_pages(1)[0]
+        else:
+            return None
+        kv.append(slot)
+        if self.debug:
+            self.check()
+        return [slot]
 
     def _decode(self, held: _Held, num_new_tokens: int) -> list[int]:
         kv = held.rr.kv_indices

@@ -42,6 +42,11 @@ class SchedulerConfig:
         """Whether requests keep their token ids: the radix tree is keyed by them."""
         return self.debug or self.prefix_cache == "radix"
 
+    @property
+    def hashes_blocks(self) -> bool:
+        """Whether requests hash their blocks: only the hash prefix cache reads them."""
+        return self.enable_prefix_caching and self.prefix_cache == "hash"
+
     def make_kv_manager(self):
         """The paged KV manager these settings describe."""
         if self.prefix_cache == "radix":

@@ -53,7 +53,7 @@ def make_engine(config: SchedulerConfig, *, scheduler: str = "chunked",
     def make(spec: RequestSpec, index: int, arrival: float) -> Request:
         return Request(spec, index, block_size=config.block_size,
                        max_model_len=config.max_model_len, arrival_time=arrival,
-                       hash_blocks=config.enable_prefix_caching, keep_tokens=config.keeps_token_ids)
+                       hash_blocks=config.hashes_blocks, keep_tokens=config.keeps_token_ids)
 
     return Engine(sched, cost_model or ConstantCostModel(1.0), make_request=make,
                   check_request=lambda r: request_problem(r, config), env=env, **engine_options)
