@@ -25,8 +25,9 @@ def prefix_cache_stats(requests: pd.DataFrame, block_size: int) -> dict[str, flo
 
     ``requests`` is ``Result.requests``; returns ``requests`` (lookups),
     ``queries`` and ``hits`` (tokens), ``hit_rate`` (hits / queries, NaN when
-    nothing was looked up), ``hit_blocks`` (whole engine blocks hit) and
-    ``partial_block_hit_tokens`` (hit tokens beyond the last whole block).
+    nothing was looked up), ``hit_requests`` (lookups that hit anything),
+    ``hit_blocks`` (whole engine blocks hit) and ``partial_block_hit_tokens``
+    (hit tokens beyond the last whole block).
     """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -39,6 +40,7 @@ def prefix_cache_stats(requests: pd.DataFrame, block_size: int) -> dict[str, flo
         "queries": num_queries,
         "hits": num_hits,
         "hit_rate": num_hits / num_queries if num_queries else float("nan"),
+        "hit_requests": int((hits > 0).sum()),
         "hit_blocks": int((hits // block_size).sum()),
         "partial_block_hit_tokens": int((hits % block_size).sum()),
     }
