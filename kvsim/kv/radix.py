@@ -400,20 +400,3 @@ class RadixCache:
         prompt_len = len(req.origin_input_ids) // self.page_size * self.page_size
         if 0 < prompt_len < aligned:
             self.insert(token_ids[:prompt_len], kv_indices[:prompt_len], prompt_len)
-
-    def delete_leaf(self, node: TreeNode) -> None:
-        """rc:431."""
-        del node.parent.children[self.child_key(node.key)]
-        self.evictable_size_ -= len(node.key)
-
-    def collect_leaves(self) -> list[TreeNode]:
-        """Depth-first, last child first (rc:450): the heap's initial order."""
-        leaves = []
-        stack = [self.root_node]
-        while stack:
-            node = stack.pop()
-            if len(node.children) == 0:
-                leaves.append(node)
-            else:
-                stack.extend(node.children.values())
-        return leaves

@@ -291,27 +291,7 @@ class RadixKVManager:
 
     def check(self) -> None:
         """Slots are conserved (free + tree + requests' own = all) and the sizes add up."""
-        tree, ps = self.tree, self.page_size
-        in_tree = []
-        stack = [tree.root_node]
-        while stack:
-            node = stack.pop()
-            in_tree += node.value
-            stack.extend(node.children.values())
-        tree_set = set(in_tree)
-        own = set()
-        for held in self._held.values():
-            own.update(s for s in held.rr.kv_indices if s not in tree_set)
-        free = self.allocator.available_size()
-        if ps == 1:
-            used = len(in_tree) + len(own)
-        else:
-            used = len({s // ps for s in tree_set}) * ps + len({s // ps for s in own}) * ps
-        if len(tree_set) != len(in_tree) or free + used != self._num_pages * ps:
-            raise AssertionError(f"radix slots not conserved: free {free} + used {used} "
-                                 f"!= {self._num_pages * ps}")
-        if tree.evictable_size() + tree.protected_size() != len(in_tree):
-            raise AssertionError("radix evictable + protected != tokens in the tree")
+        self.pool.check([held.rr.kv_indices for held in self._held.values()], self._num_pages)
 
     # -------------------------------------------------------------- private
 
