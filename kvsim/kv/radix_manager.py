@@ -176,11 +176,17 @@ class RadixKVManager:
     # ------------------------------------------------------------ mutations
 
     def allocate_slots(self, req, num_new_tokens: int, num_new_computed_tokens: int = 0,
-                       new_computed_blocks=(), num_lookahead_tokens: int = 0) -> list[int] | None:
+                       new_computed_blocks=(), num_lookahead_tokens: int = 0,
+                       num_external_computed_tokens: int = 0,
+                       delay_cache_blocks: bool = False) -> list[int] | None:
         """Slots for ``num_new_tokens`` more tokens of ``req``, or None (nothing changed).
 
-        Returns the slots of the new tokens.
+        Returns the slots of the new tokens. KV from a connector
+        (``num_external_computed_tokens``, sched/connector.py) is not supported
+        yet: the tree would have to take in tokens whose KV arrives later.
         """
+        if num_external_computed_tokens or delay_cache_blocks:
+            raise ValueError("engine.prefix_cache: radix does not take KV from a KV connector yet")
         held = self._held.get(req.request_id)
         if (held is not None and num_new_tokens == 1 and not num_lookahead_tokens
                 and req.num_computed_tokens >= held.fill_target):
@@ -204,6 +210,9 @@ class RadixKVManager:
         if self.debug:
             self.check()
         return out
+
+    def cache_blocks(self, req, num_computed_tokens: int) -> None:
+        raise ValueError("engine.prefix_cache: radix does not take KV from a KV connector yet")
 
     def cache_after_step(self, scheduled) -> None:
         """After the forward pass: insert what each prefill or chunk computed (G3).
