@@ -105,6 +105,21 @@ CASES.update({
 })
 
 
+def radix_case(name: str, page_size: int) -> dict:
+    """A case above with SGLang's radix cache behind the chunked scheduler."""
+    sc = CASES[name]
+    return {**sc, "engine": {**sc["engine"], "prefix_cache": "radix",
+                             "radix": {"page_size": page_size}}}
+
+
+# The radix strategy (kv/radix_manager.py): token-granular (page 1) and paged.
+RADIX_CASES = {f"radix_p{ps}_{name}": radix_case(name, ps)
+               for name in ("prefix_hits_and_chunking", "tight_memory_preemptions",
+                            "overloaded_kv_blocked_head", "multi_turn_sessions",
+                            "priority_tight_memory", "parallel_sampling")
+               for ps in (1, 16)}
+
+
 def both(sc: dict):
     steps_fast, steps_slow = [], []
     fast = kvsim.simulate(sc, trace=steps_fast.append)
@@ -112,9 +127,9 @@ def both(sc: dict):
     return fast, slow, steps_fast, steps_slow
 
 
-@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("name", list(CASES) + list(RADIX_CASES))
 def test_fast_path_equals_step_path(name):
-    fast, slow, trace_fast, trace_slow = both(CASES[name])
+    fast, slow, trace_fast, trace_slow = both({**CASES, **RADIX_CASES}[name])
     pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
     pd.testing.assert_frame_equal(fast.steps, slow.steps, check_exact=True)
     assert trace_fast == trace_slow
@@ -225,3 +240,41 @@ def test_a_held_head_is_admitted_when_a_running_request_caches_its_prefix(tmp_pa
 def test_the_fast_path_skips_the_steps_a_prefill_interval_holds():
     stats = kvsim.simulate(CASES["prefill_schedule_interval"]).stats
     assert stats.num_run_steps > stats.num_steps / 2
+
+
+def test_radix_fast_path_skips_steps_and_radix_runs_differ_from_hash():
+    fast = kvsim.simulate(RADIX_CASES["radix_p1_prefix_hits_and_chunking"])
+    assert fast.stats.num_run_steps > fast.stats.num_steps / 2
+    hashed = kvsim.simulate(CASES["parallel_sampling"]).summary["prefix_cache_hit_rate"]
+    radix = kvsim.simulate(RADIX_CASES["radix_p1_parallel_sampling"]).summary["prefix_cache_hit_rate"]
+    assert radix < hashed              # siblings admitted together miss in the tree (G3)
+
+
+def test_radix_blocked_head_sees_a_running_requests_answer_only_at_its_finish(tmp_path):
+    # As the hash test above, paged radix (page = block = 4 tokens): B waits,
+    # 16 new pages short of 15 free; the tree takes A's answer in only when A
+    # finishes (G3), so B's hit never grows while A decodes, as the hash
+    # cache's does; at A's finish it is (prompt + answer)[:-1] in whole pages.
+    import json
+    prompt = list(range(1, 41))
+    answer = list(range(500, 560))
+    lines = [
+        {"id": "A", "arrival_time": 0.0, "prompt_token_ids": prompt, "max_tokens": 60,
+         "output_token_ids": answer},
+        {"id": "B", "arrival_time": 0.125, "prompt_token_ids": prompt + answer + [7, 8, 9],
+         "max_tokens": 20},
+    ]
+    path = tmp_path / "reqs.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    sc = scenario(engine={"block_size": 4, "num_gpu_blocks_override": 27,
+                          "max_num_batched_tokens": 64, "max_model_len": 104,
+                          "prefix_cache": "radix", "radix": {"page_size": 4}},
+                  cost_model={"type": "constant", "step_time_s": 1.0},
+                  workload={"requests_file": str(path)})
+    fast, slow, trace_fast, trace_slow = both(sc)
+    assert trace_fast == trace_slow
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, check_exact=True)
+    b = fast.requests.set_index("request_id").loc["B"]
+    a = fast.requests.set_index("request_id").loc["A"]
+    assert b["num_cached_tokens"] == (40 + 60 - 1) // 4 * 4
+    assert b["scheduled_time_s"] >= a["finish_time_s"]

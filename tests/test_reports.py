@@ -160,3 +160,14 @@ def test_a_folder_without_the_report_scenarios_is_one_line_naming_it(tmp_path, m
     assert err == ("kvsim report: error: --scenarios scenarios: no quickstart.yaml there; give the "
                    "folder of the report scenarios (the repository's scenarios/) with --scenarios DIR")
     assert not (tmp_path / "r").exists()
+
+
+def test_radix_hits_only_the_partial_block_tails_more_than_the_hash_cache(reports):
+    n = reports[1]["radix_vs_hash"].numbers
+    assert n["hash_partial_tokens"] == 0
+    assert n["multi_turn_extra_hits"] == n["multi_turn_partial_tokens"] > 0
+    assert 0 < n["multi_turn_gain"] < 0.05 and 0 < n["shared_prefix_gain"] < 0.05
+    assert n["same_step"] == {"hash": 1024, "radix": 0}
+    rates = n["hit_rate"]
+    assert rates["n=4 | radix"] < rates["n=4 | hash"]
+    assert rates["multi-turn | off"] == 0.0

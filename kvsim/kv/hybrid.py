@@ -69,6 +69,8 @@ def blocks_per_request(groups: KVCacheGroups, num_tokens: int, *, max_model_len:
 class HybridKVCacheManager(HybridDecodeRuns):
     """vLLM KVCacheManager + HybridKVCacheCoordinator for several KV-cache groups."""
 
+    caches_at_schedule_time = True            # A4, as the single-group manager
+
     def __init__(self, groups: KVCacheGroups, num_gpu_blocks: int, *, max_model_len: int,
                  max_num_batched_tokens: int, long_prefill_token_threshold: int = 0,
                  enable_caching: bool = True, lifo_unhashed: bool = True,

@@ -36,6 +36,12 @@ def cdiv(a: int, b: int) -> int:
 class KVCacheManager:
     """Blocks per request, prefix hits, allocation and freeing."""
 
+    # A4: full blocks are hashed when they are scheduled, so nothing is cached
+    # after a step. The radix strategy (kv/radix_manager.py) inserts after the
+    # step instead (SGLang G3); the chunked scheduler asks this to know whether
+    # to call its ``cache_after_step``, and whether a decode run can grow a hit.
+    caches_at_schedule_time = True
+
     def __init__(self, num_gpu_blocks: int, block_size: int, *, max_model_len: int,
                  enable_caching: bool = True, lifo_unhashed: bool = True,
                  debug: bool = False) -> None:

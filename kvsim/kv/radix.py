@@ -145,6 +145,32 @@ class RadixCache:
         values, last_node = self._match_prefix_helper(self.root_node, key)
         return [slot for v in values for slot in v], last_node
 
+    def peek_prefix(self, key: Sequence[int]) -> tuple[int, int]:
+        """(tokens ``match_prefix(key)`` would return, how many of them no lock holds).
+
+        Read-only: no split, no new ``last_access_time`` (kvsim's addition, for
+        a lookup that must not count as an access; see kv/radix_manager.py).
+        """
+        if self.disable or len(key) == 0:
+            return 0, 0
+        if self.page_size != 1:
+            key = key[:len(key) // self.page_size * self.page_size]
+        node = self.root_node
+        matched = unlocked = 0
+        while len(key) > 0:
+            child = node.children.get(self.child_key(key))
+            if child is None:
+                break
+            prefix_len = self._key_match(child.key, key)
+            matched += prefix_len
+            if child.lock_ref == 0:
+                unlocked += prefix_len
+            if prefix_len < len(child.key):
+                break
+            node = child
+            key = key[prefix_len:]
+        return matched, unlocked
+
     def insert(self, key: Sequence[int], value: Sequence[int] | None = None,
                inserted_len: int = 0) -> int:
         """Insert ``key`` -> ``value``; return how many leading tokens were already there (rc:170).
@@ -207,8 +233,13 @@ class RadixCache:
         req.cache_inserted_len = max(req.cache_inserted_len, aligned)
 
         new_indices, new_last_node = self.match_prefix(aligned_tokens)
-        start = len(req.prefix_indices)
-        req.kv_indices[start:len(new_indices)] = new_indices[start:]     # rc:239
+        # rc:239 rewrites the row from len(prefix_indices); paged, that leaves
+        # the tokens of the request's own partial page pointing at a page the
+        # free above just returned (when another request inserted them
+        # meanwhile). 0.5.x (checkpoint) rewrites from the tree-owned,
+        # page-aligned length: the same pages are freed, no stale slot is kept.
+        start = len(req.prefix_indices) // self.page_size * self.page_size
+        req.kv_indices[start:len(new_indices)] = new_indices[start:]
         self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(new_last_node)
         if self.page_size != 1:
@@ -369,20 +400,3 @@ class RadixCache:
         prompt_len = len(req.origin_input_ids) // self.page_size * self.page_size
         if 0 < prompt_len < aligned:
             self.insert(token_ids[:prompt_len], kv_indices[:prompt_len], prompt_len)
-
-    def delete_leaf(self, node: TreeNode) -> None:
-        """rc:431."""
-        del node.parent.children[self.child_key(node.key)]
-        self.evictable_size_ -= len(node.key)
-
-    def collect_leaves(self) -> list[TreeNode]:
-        """Depth-first, last child first (rc:450): the heap's initial order."""
-        leaves = []
-        stack = [self.root_node]
-        while stack:
-            node = stack.pop()
-            if len(node.children) == 0:
-                leaves.append(node)
-            else:
-                stack.extend(node.children.values())
-        return leaves

@@ -10,7 +10,7 @@ policy, smallest evicted first. Both free whole leaves until at least
 childless, unlocked leaf.
 
 Heap order: leaves are collected depth-first, last child first
-(``RadixCache.collect_leaves``, 0.4.6's ``_collect_leaves``), then heapified;
+(``collect_leaves``, 0.4.6's ``_collect_leaves``), then heapified;
 with equal keys the heap's positions decide, as in SGLang 0.4.6. (0.5.x
 collects from a ``set``, whose order kvsim cannot reproduce; with kvsim's
 default clock no two leaves share a stamp.)
@@ -37,9 +37,28 @@ PRIORITY: dict[str, Callable[[TreeNode], object]] = {
 }
 
 
+def collect_leaves(tree: RadixCache) -> list[TreeNode]:
+    """Depth-first, last child first (rc:450): the heap's initial order."""
+    leaves = []
+    stack = [tree.root_node]
+    while stack:
+        node = stack.pop()
+        if len(node.children) == 0:
+            leaves.append(node)
+        else:
+            stack.extend(node.children.values())
+    return leaves
+
+
+def delete_leaf(tree: RadixCache, node: TreeNode) -> None:
+    """rc:431: unlink an evicted leaf (its slots are already freed)."""
+    del node.parent.children[tree.child_key(node.key)]
+    tree.evictable_size_ -= len(node.key)
+
+
 def evict_lru(tree: RadixCache, num_tokens: int) -> int:
     """0.4.6 ``evict``: returns the tokens freed."""
-    leaves = tree.collect_leaves()
+    leaves = collect_leaves(tree)
     heapq.heapify(leaves)
     num_evicted = 0
     while num_evicted < num_tokens and len(leaves):
@@ -50,7 +69,7 @@ def evict_lru(tree: RadixCache, num_tokens: int) -> int:
             continue
         tree.allocator.free(x.value)
         num_evicted += len(x.value)
-        tree.delete_leaf(x)
+        delete_leaf(tree, x)
         if len(x.parent.children) == 0:
             heapq.heappush(leaves, x.parent)
     return num_evicted
@@ -59,7 +78,7 @@ def evict_lru(tree: RadixCache, num_tokens: int) -> int:
 def evict_by_priority(tree: RadixCache, num_tokens: int) -> int:
     """0.5.x ``evict`` under ``tree.eviction_policy``: returns the tokens freed."""
     key = PRIORITY[tree.eviction_policy]
-    heap = [(key(n), n) for n in tree.collect_leaves()
+    heap = [(key(n), n) for n in collect_leaves(tree)
             if n is not tree.root_node and n.lock_ref == 0]
     heapq.heapify(heap)
     num_evicted = 0
@@ -67,7 +86,7 @@ def evict_by_priority(tree: RadixCache, num_tokens: int) -> int:
         _, x = heapq.heappop(heap)
         tree.allocator.free(x.value)
         num_evicted += len(x.value)
-        tree.delete_leaf(x)
+        delete_leaf(tree, x)
         parent = x.parent
         if len(parent.children) == 0 and parent.lock_ref == 0 and parent is not tree.root_node:
             heapq.heappush(heap, (key(parent), parent))

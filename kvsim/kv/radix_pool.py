@@ -341,6 +341,27 @@ class RadixKVPool:
         req.prefix_indices = []
         req.last_node = None
 
+    def check(self, rows, num_pages: int) -> None:
+        """Slots are conserved given the requests' ``rows``: free + tree + the
+        requests' own = all ``num_pages`` pages; the tree's sizes add up."""
+        tree, ps = self.tree, self.page_size
+        in_tree = []
+        stack = [tree.root_node]
+        while stack:
+            node = stack.pop()
+            in_tree += node.value
+            stack.extend(node.children.values())
+        tree_set = set(in_tree)
+        own = {s for row in rows for s in row if s not in tree_set}
+        free = self.allocator.available_size()
+        used = (len(in_tree) + len(own) if ps == 1 else
+                (len({s // ps for s in tree_set}) + len({s // ps for s in own})) * ps)
+        if len(tree_set) != len(in_tree) or free + used != num_pages * ps:
+            raise AssertionError(f"radix slots not conserved: free {free} + used {used} "
+                                 f"!= {num_pages * ps}")
+        if tree.evictable_size() + tree.protected_size() != len(in_tree):
+            raise AssertionError("radix evictable + protected != tokens in the tree")
+
     # ------------------------------------------------------------ private
 
     def _alloc_token_slots(self, num_tokens: int) -> list[int] | None:

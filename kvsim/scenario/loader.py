@@ -18,7 +18,7 @@ from kvsim.cost import build_cost_model
 from kvsim.cost.base import CostModel
 from kvsim.cost.presets import EngineKnobs
 from kvsim.sched.config import SchedulerConfig
-from kvsim.scenario.schema import (Scenario, ScenarioError, format_validation_error,
+from kvsim.scenario.schema import (RadixSection, Scenario, ScenarioError, format_validation_error,
                                    parse_overrides, read_scenario_dict)
 from kvsim.specs.capacity import KVCapacity, kv_capacity, model_kv_cache_groups
 from kvsim.specs.catalog import load_gpu, load_model
@@ -198,7 +198,8 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
         async_scheduling=eng.async_scheduling,
         num_scheduler_steps=eng.num_scheduler_steps,
         speculative=speculative,
-        orca_reservation=eng.orca_reservation or "max", kv_groups=kv_groups)
+        orca_reservation=eng.orca_reservation or "max", kv_groups=kv_groups,
+        **_radix_settings(eng, workload, hybrid=kv_groups is not None))
     knobs = EngineKnobs(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         enforce_eager=eng.enforce_eager,
                         cudagraph_capture_sizes=(tuple(eng.cudagraph_capture_sizes)
@@ -222,8 +223,6 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
                             else f"cost_model: {msg}") from None
     return LoadedScenario(sc, data, base, model, gpu, tp, capacity, sched_config, cost_model, workload,
                           tuple(notes))
-
-
 
 
 def _speculative_config(eng, seed: int, base: Path, max_num_batched_tokens: int):
@@ -344,6 +343,44 @@ def _check_scheduler_knobs(eng, *, max_num_seqs: int, max_model_len: int,
     if eng.long_prefill_token_threshold > max_model_len:
         raise ScenarioError(f"engine.long_prefill_token_threshold: got {eng.long_prefill_token_threshold}; "
                             f"it cannot be greater than max_model_len ({max_model_len}), as vLLM refuses")
+
+
+def _radix_settings(eng, workload: WorkloadConfig, *, hybrid: bool) -> dict[str, Any]:
+    """``engine.prefix_cache`` / ``engine.radix`` as SchedulerConfig fields; a radix
+    cache with a knob it cannot honour is an error that names the knob."""
+    if eng.prefix_cache == "hash":
+        if eng.radix is not None:
+            raise ScenarioError("engine.radix: set, but engine.prefix_cache is 'hash'; "
+                                "set engine.prefix_cache: radix to use it")
+        return {}
+    radix = eng.radix or RadixSection()
+    why = None
+    if not eng.enable_prefix_caching:
+        why = ("engine.enable_prefix_caching: false with engine.prefix_cache: radix; a radix "
+               "cache always caches (SGLang --disable-radix-cache is prefix caching off: use "
+               "enable_prefix_caching: false with prefix_cache: hash)")
+    elif hybrid:
+        why = ("engine.prefix_cache: radix for a model with several KV-cache groups (sliding "
+               "window, Mamba); the radix cache is modelled for full attention only: use "
+               "prefix_cache: hash")
+    elif eng.scheduler != "chunked":
+        why = (f"engine.scheduler: {eng.scheduler!r} with engine.prefix_cache: radix; the radix "
+               f"cache runs inside the chunked (vLLM V1) scheduler only")
+    elif radix.page_size not in (1, eng.block_size):
+        why = (f"engine.radix.page_size: got {radix.page_size}; allowed: 1 (token-granular) or "
+               f"engine.block_size ({eng.block_size}): the radix pages are the engine's KV blocks")
+    elif eng.watermark and radix.page_size != eng.block_size:
+        why = (f"engine.watermark: got {eng.watermark}; the scheduler sizes it in blocks, which a "
+               f"token-granular radix cache does not count in; allowed with radix page_size 1: 0")
+    elif workload.cache_salt is not None:
+        why = ("workload.cache_salt: set with engine.prefix_cache: radix; SGLang 0.4.6's radix "
+               "tree has no cache salt (kvsim does not model 0.5.x's extra_key)")
+    if why:
+        raise ScenarioError(why)
+    return {"prefix_cache": "radix", "radix_page_size": radix.page_size,
+            "radix_eviction_policy": radix.eviction_policy, "radix_split_prompt": radix.split_prompt}
+
+
 
 
 def _check_tensor_parallel(model: ModelSpec, tp: int) -> None:

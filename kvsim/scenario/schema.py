@@ -45,6 +45,16 @@ class HardwareSection(_Section):
                                                 "--data-parallel-size); kvsim simulates one")
 
 
+class RadixSection(_Section):
+    """SGLang ``RadixCache`` knobs, for ``engine.prefix_cache: radix`` (docs/kv_tiers.md)."""
+
+    page_size: int = Field(1, ge=1, description="SGLang --page-size: 1 (token-granular) or engine.block_size")
+    eviction_policy: Literal["lru", "lfu", "fifo", "mru", "filo"] = Field(
+        "lru", description="SGLang 0.5.x --radix-eviction-policy (0.4.6 has lru only)")
+    split_prompt: bool = Field(False, description="SGLang 0.5.x: a finished request's prompt is "
+                                                  "inserted alone too, so its output is evicted first")
+
+
 class EngineSection(_Section):
     """vLLM engine knobs, under vLLM's names. ``None`` means vLLM's default for the GPU."""
 
@@ -56,6 +66,9 @@ class EngineSection(_Section):
     max_num_seqs: int | None = Field(None, ge=1)
     max_num_batched_tokens: int | None = Field(None, ge=1)
     enable_prefix_caching: bool = True
+    prefix_cache: Literal["hash", "radix"] = Field(
+        "hash", description="hash: vLLM's hashed full blocks; radix: SGLang's RadixCache")
+    radix: RadixSection | None = None
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = Field(0, ge=0)
     # vLLM 0.33 SchedulerConfig knobs (vllm/config/scheduler.py); the first four: chunked only

@@ -120,9 +120,17 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
 
     def update_from_output(self, plan: StepPlan, now: float) -> list[Request]:
         """Every request whose chunk reached its last token samples one (S7);
-        then the KV transfers that completed during the step are taken in."""
+        then the KV transfers that completed during the step are taken in.
+
+        vLLM caches blocks at schedule time (A4); a KV manager that caches
+        after the forward pass instead (the radix strategy, SGLang G3) takes
+        in the step's prefills and chunks here, before finished requests are
+        freed.
+        """
         sampled = (sample_tokens(plan, now) if self._drafts is None
                    else self._drafts.verify(plan, now, self.kv))
+        if not self.kv.caches_at_schedule_time:
+            self.kv.cache_after_step(plan.scheduled)
         finished = self.finish_requests(sampled, now)
         self._after_step(now)
         return finished
@@ -226,6 +234,10 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
         j = len(hits)
         if j >= (head.num_tokens - 1) // self.kv.block_size:
             return max_steps                     # the longest hit H3 allows
+        if not self.kv.caches_at_schedule_time:
+            # A cache that inserts after the step (radix, SGLang G3) takes decode
+            # tokens in only at finish: no hit grows during a decode run.
+            return max_steps
         first = self.kv.first_step_caching(self.running, computed, head.block_hashes[j], max_steps)
         return max_steps if first is None else first - 1
 

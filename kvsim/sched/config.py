@@ -50,6 +50,22 @@ class SchedulerConfig:
     # vLLM's KV-cache groups (kvsim.specs.kv_groups.KVCacheGroups); several of them
     # run the hybrid KV manager (kv/hybrid.py). None: one full-attention group.
     kv_groups: Any = None
+    # The prefix cache behind the KV manager facade: hash (vLLM's hashed full
+    # blocks, kv/manager.py) or radix (SGLang's RadixCache, kv/radix_manager.py).
+    prefix_cache: str = "hash"
+    radix_page_size: int = 1                  # SGLang --page-size: 1 or block_size
+    radix_eviction_policy: str = "lru"        # SGLang 0.5.x --radix-eviction-policy
+    radix_split_prompt: bool = False          # SGLang 0.5.x's prompt insert at finish
+
+    @property
+    def keeps_token_ids(self) -> bool:
+        """Whether requests keep their token ids: the radix tree is keyed by them."""
+        return self.debug or self.prefix_cache == "radix"
+
+    @property
+    def hashes_blocks(self) -> bool:
+        """Whether requests hash their blocks: only the hash prefix cache reads them."""
+        return self.enable_prefix_caching and self.prefix_cache == "hash"
 
     @property
     def is_hybrid(self) -> bool:
@@ -69,8 +85,19 @@ class SchedulerConfig:
                                   enable_caching=self.enable_prefix_caching)
 
     def make_kv_manager(self):
-        """The paged KV manager these settings describe: vLLM's hybrid manager for
-        several KV-cache groups (``disable_hybrid_kv_cache_manager`` leaves one)."""
+        """The paged KV manager these settings describe: SGLang's radix cache
+        (``prefix_cache: radix``), vLLM's hybrid manager for several KV-cache
+        groups (``disable_hybrid_kv_cache_manager`` leaves one), or vLLM's."""
+        if self.prefix_cache not in ("hash", "radix"):
+            raise ValueError(f"engine.prefix_cache: {self.prefix_cache!r} is not one of 'hash', 'radix'")
+        if self.prefix_cache == "radix":
+            if self.is_hybrid:
+                raise ValueError("engine.prefix_cache: radix with several KV-cache groups is not modelled")
+            from kvsim.kv.radix_manager import RadixKVManager
+            return RadixKVManager(self.num_gpu_blocks, self.block_size, max_model_len=self.max_model_len,
+                                  page_size=self.radix_page_size,
+                                  eviction_policy=self.radix_eviction_policy,
+                                  split_prompt=self.radix_split_prompt, debug=self.debug)
         if self.is_hybrid:
             from kvsim.kv.hybrid import HybridKVCacheManager
             return HybridKVCacheManager(

@@ -74,8 +74,8 @@ def make_engine(config: SchedulerConfig, *, scheduler: str = "chunked",
     def make(spec: RequestSpec, index: int, arrival: float, *, read_tokens: bool = True) -> Request:
         return Request(spec, index, block_size=config.block_size,
                        max_model_len=config.max_model_len, arrival_time=arrival,
-                       hash_blocks=read_tokens and config.enable_prefix_caching,
-                       keep_tokens=read_tokens and config.debug)
+                       hash_blocks=read_tokens and config.hashes_blocks,
+                       keep_tokens=read_tokens and config.keeps_token_ids)
 
     limits = QueueLimits.of(config.max_num_queued_reqs, config.max_num_queued_tokens)
     engine = Engine(sched, cost_model or ConstantCostModel(1.0), make_request=make,
