@@ -66,6 +66,10 @@ def simulate(scenario, *, trace=None, overrides=None, fast_path: bool = True,
     while the run goes (``kvsim.scenario.run_progress``; wall-clock reporting only).
     """
     sc = scenario if isinstance(scenario, LoadedScenario) else load_scenario(scenario, overrides=overrides)
+    if sc.scenario.cluster is not None:      # replicas behind a router: docs/fleet.md
+        from kvsim.scenario.cluster import simulate_cluster
+        return simulate_cluster(sc, fast_path=fast_path, trace=trace, progress=progress,
+                                streaming=streaming)
     rng = np.random.default_rng(sc.seed)
     # A prompt of max_model_len tokens or more is refused on arrival: not spelled out.
     workload = build_workload(sc.workload, rng=rng, base_dir=sc.base_dir,
