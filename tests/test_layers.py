@@ -39,10 +39,10 @@ UNITS = {
     "kvsim.fleet": 4,
     "kvsim.metrics": 5,
     "kvsim.scenario": 6,
-    "kvsim.plots": 7, "kvsim.plots_fleet": 7, "kvsim.vllm_outputs": 7,
+    "kvsim.plots": 7, "kvsim.vllm_outputs": 7,
     "kvsim.cli": 8, "kvsim.__main__": 8, "kvsim.plots_cli": 8, "kvsim.reports": 8,
     "kvsim.plan": 8, "kvsim.bench": 8, "kvsim.view": 8, "kvsim.schema_cli": 8,
-    "kvsim.plots_serving": 8, "kvsim.calibrate_serve": 8,
+    "kvsim.plots_serving": 8, "kvsim.plots_fleet": 8, "kvsim.calibrate_serve": 8,
 }
 COMMANDS = 8
 

@@ -24,7 +24,7 @@ from kvsim.metrics.fleet import computed_tokens, group_summary
 from kvsim.metrics.summary import summarize
 from kvsim.scenario.loader import LoadedScenario, load_scenario
 from kvsim.scenario.schema import ScenarioError
-from kvsim.scenario.simulate import Result, itl_seconds, requests_frame, steps_frame
+from kvsim.scenario.result import Result, itl_seconds, requests_frame, steps_frame
 from kvsim.workload import build_workload
 
 _POOL_SECTIONS = ("model", "hardware", "engine", "cost_model")

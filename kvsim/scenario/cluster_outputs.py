@@ -77,11 +77,10 @@ def fleet_prometheus(result, *, interval_s: float = 1.0) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def write_fleet_vllm_outputs(result, out_dir, *, detailed: bool = False,
-                             interval_s: float = 1.0) -> tuple[list[str], list[str]]:
-    """metrics.csv and bench_serve.json of a fleet run; returns (file names, notes)."""
-    from kvsim.vllm_outputs import BENCH_FILE, METRICS_FILE, bench_setup
-
+def write_fleet_vllm_outputs(result, out_dir, *, setup: dict, metrics_file: str, bench_file: str,
+                             detailed: bool = False, interval_s: float = 1.0) -> list[str]:
+    """``metrics_file`` and ``bench_file`` of a fleet run (kvsim/vllm_outputs.py names them and
+    gives ``setup``, the command-line keys of `vllm bench serve`); returns notes."""
     out = Path(out_dir)
     sc = result.scenario
     series = fleet_prometheus(result, interval_s=interval_s)
@@ -89,7 +88,7 @@ def write_fleet_vllm_outputs(result, out_dir, *, detailed: bool = False,
     steps = result.steps
     order = np.argsort((steps["start_time_s"] + steps["duration_s"]).to_numpy(), kind="stable")
     data, notes = bench_serve_result(result.summary, result.requests, steps.iloc[order], result.itl_s,
-                                     setup=bench_setup(sc, len(result.requests)),
+                                     setup=setup,
                                      slo=sc.scenario.slo.as_dict() or None, detailed=detailed)
     if detailed:
         itls = fleet_itls(result)
@@ -97,14 +96,14 @@ def write_fleet_vllm_outputs(result, out_dir, *, detailed: bool = False,
             notes = [n for n in notes if not n.startswith("itls left out")]
             data = _with_itls(data, itls)
     text = json.dumps(data) + "\n"
-    write_files({out / METRICS_FILE: lambda path: write_csv(series, path),
-                 out / BENCH_FILE: lambda path: path.write_text(text, encoding="utf-8")})
-    return [METRICS_FILE, BENCH_FILE], notes
+    write_files({out / metrics_file: lambda path: write_csv(series, path),
+                 out / bench_file: lambda path: path.write_text(text, encoding="utf-8")})
+    return notes
 
 
 def fleet_itls(result) -> list | None:
     """Each request's inter-token gaps, read from its own replica's steps (None if not exact)."""
-    from kvsim.scenario.simulate import itl_seconds
+    from kvsim.scenario.result import itl_seconds
 
     position = {rid: i for i, rid in enumerate(result.requests["request_id"])}
     itls: list = [[] for _ in range(len(result.requests))]
