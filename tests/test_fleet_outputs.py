@@ -169,3 +169,27 @@ def test_view_shows_the_replica_table_and_figure(tmp_path):
     assert "KV cache and queues over time" not in page          # one engine's figure: not for a fleet
     for name in ("replica-0", "replica-1", "replica-2"):
         assert f"<td>{name}</td>" in page
+
+
+def test_a_sweep_over_cluster_keys_runs_each_fleet(tmp_path):
+    from kvsim.scenario.sweep import run_sweep
+    sc = scenario()
+    sc["workload"]["num_requests"] = 24
+    sc["sweep"] = {"grid": {"cluster.replicas": [1, 2], "cluster.router": ["round_robin", "prefix_aware"]}}
+    outcome = run_sweep(sc, tmp_path, workers=1, progress=False)
+    assert outcome.num_done == 4
+    rows = pd.read_csv(outcome.results_csv)
+    assert rows["num_replicas"].tolist() == rows["cluster.replicas"].tolist() == [1, 1, 2, 2]
+    assert rows["router"].tolist() == ["round_robin", "prefix_aware"] * 2
+    assert (rows["completed"] == 24).all() and rows["slo_attainment"].notna().all()
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"cluster.router": ["round_robin", "fastest"]}, r"cluster.router='fastest'.*cluster.router.policy: got 'fastest'"),
+    ({"cluster.replicas": [2, 0]}, r"cluster.replicas=0.*cluster.replicas: got 0"),
+])
+def test_a_bad_cluster_value_in_a_sweep_stops_it_before_anything_runs(values, message):
+    from kvsim.scenario.sweep_points import SweepError, validate_sweep
+    sc = scenario() | {"sweep": {"grid": values}}
+    with pytest.raises(SweepError, match=message):
+        validate_sweep(sc)
