@@ -126,3 +126,41 @@ def nice_window(duration_s: float, windows: int = DEFAULT_WINDOWS) -> float:
     raw = duration_s / windows
     power = 10.0 ** math.floor(math.log10(raw))
     return next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+
+
+def fleet_plan_gpus(table: pd.DataFrame, title: str | None = None) -> Figure:
+    """A fleet plan (``kvsim plan`` with ``plan.fleet``): GPUs each candidate needs, per router.
+
+    One group of bars per candidate, one bar per router, its height the
+    plan's ``num_gpus`` and its label the replica count; a row that found no
+    fleet size (unreachable, does not fit, error) is an empty slot named by
+    its status.
+    """
+    _require("fleet-plan", table, ["candidate", "router", "status", "num_gpus", "replicas"], "plan.csv")
+    candidates = list(dict.fromkeys(table["candidate"]))
+    routers = list(dict.fromkeys(table["router"]))
+    width = 0.8 / len(routers)
+    fig = _new_figure((max(6.0, 1.8 * len(candidates) * max(1, len(routers) / 2)), 4.5))
+    ax = fig.subplots()
+    top = float(pd.to_numeric(table["num_gpus"], errors="coerce").max() or 1.0)
+    for k, (color, router) in enumerate(zip(_colors(len(routers)), routers)):
+        for i, cand in enumerate(candidates):
+            row = table[(table["candidate"] == cand) & (table["router"] == router)]
+            if not len(row):
+                continue
+            row = row.iloc[0]
+            x = i + (k - (len(routers) - 1) / 2) * width
+            if row["status"] == "ok":
+                ax.bar(x, row["num_gpus"], width, color=color, label=router if i == 0 else None)
+                ax.annotate(f"{int(row['replicas'])}x", (x, row["num_gpus"]), ha="center", va="bottom",
+                            fontsize="small")
+            else:
+                ax.annotate(str(row["status"]), (x, 0.02 * top), ha="center", va="bottom", rotation=90,
+                            fontsize="small", color=color)
+    ax.set_xticks(range(len(candidates)), candidates)
+    ax.set_ylabel("GPUs (replicas x TP)")
+    ax.set_ylim(0, top * 1.15)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize="small", title="router")
+    _suptitle(fig, title, "fewest GPUs that meet the SLOs at the target rate")
+    return fig
