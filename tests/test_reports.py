@@ -160,3 +160,13 @@ def test_a_folder_without_the_report_scenarios_is_one_line_naming_it(tmp_path, m
     assert err == ("kvsim report: error: --scenarios scenarios: no quickstart.yaml there; give the "
                    "folder of the report scenarios (the repository's scenarios/) with --scenarios DIR")
     assert not (tmp_path / "r").exists()
+
+
+def test_fleet_hit_rate_falls_under_round_robin_and_recovers_under_prefix_aware(reports):
+    n = reports[1]["fleet_routing"].numbers["hit_rate"]
+    for workload in ("shared system prompts", "multi-turn chat"):
+        rr, pa = n[workload]["round_robin"], n[workload]["prefix_aware"]
+        assert rr[1] > rr[4] > rr[16]
+        assert pa[16] >= pa[1] - 0.03 and pa[16] > 2 * rr[16]
+    small = n["small cache"]
+    assert small["prefix_aware"][16] > small["prefix_aware"][1] + 0.2     # the fleet's caches add up
