@@ -69,7 +69,7 @@ def test_targets_are_the_issues():
         ("W1", "sim_s", 1.0), ("W1", "process_wall_s", 3.0),
         ("W1", "sim_cpu_s", 1.0), ("W1", "process_cpu_s", 3.0),
         ("W3", "process_wall_s", 30.0), ("W3", "cpu_per_worker_s", 30.0),
-        ("W4", "peak_rss_mib", 1024.0)}
+        ("W4", "peak_rss_mib", 1024.0), ("W5", "sim_cpu_vs_ref", 20.0)}
 
 
 def test_report_marks_each_target_from_the_fake_numbers():
@@ -92,6 +92,17 @@ def test_report_marks_each_target_from_the_fake_numbers():
     assert target_row(text, "W3", "sweep CPU time / workers").endswith(
         "| 31.00 s | NOT met (1.03x the target) |")
     assert target_row(text, "W4", "peak memory").endswith("| 2,048 MiB | NOT met (2.00x the target) |")
+
+
+def test_w5_is_judged_on_its_cpu_time_over_the_w1_run_before_it():
+    w5 = Measurement(WORKLOADS["W5"], reps=[{**fake_run(40.0, 50.0, 3000), "ref_sim_cpu_s": 1.1,
+                                             "sim_cpu_vs_ref": 20.0 / 1.1},
+                                            {**fake_run(46.0, 50.0, 3000), "ref_sim_cpu_s": 1.0,
+                                             "sim_cpu_vs_ref": 23.0}])
+    text = report([w5])
+    assert target_row(text, "W5", "simulated in at most 20x W1's time").endswith(
+        "| 20.59 x | NOT met (1.03x the target) |")
+    assert "| CPU time inside simulate() / the reference's (W5: W1's) (x) | 20.59 | 18.18 | 23.00 |" in text
 
 
 def test_report_workload_table_has_every_column_and_the_spread():
@@ -134,7 +145,7 @@ def test_same_summary_treats_nan_as_equal_and_any_other_difference_as_different(
 
 
 def test_unknown_workload_is_a_user_error():
-    with pytest.raises(ValueError, match="W9.*allowed: W1, W2, W3, W4"):
+    with pytest.raises(ValueError, match="W9.*allowed: W1, W2, W3, W4, W5"):
         bench.bench_command(bench_args("W9"), log=lambda *_: None)
 
 
@@ -189,3 +200,15 @@ def test_the_child_runner_records_what_simulate_reports_without_patching_it(tmp_
 def test_bench_scenarios_folder_is_an_option_and_a_missing_one_is_named(tmp_path):
     with pytest.raises(ValueError, match=r"^--scenarios .*nowhere: no w1.yaml there; give the folder"):
         bench.bench_command(bench_args("W1", scenarios=str(tmp_path / "nowhere")), log=lambda *_: None)
+
+
+@pytest.mark.slow
+def test_tiny_w5_runs_a_fleet_after_each_w1_and_reports_the_ratio(tmp_path):
+    out = tmp_path / "performance.md"
+    lines: list[str] = []
+    assert bench.bench_command(bench_args("W5", requests=100, out=str(out)), log=lines.append) == 0
+    text = out.read_text()
+    assert "## W5:" in text and "| same summary from both paths | yes |" in text
+    assert any("x W1's" in line for line in lines)
+    assert "| CPU time inside simulate() of the reference workload, run just before (s) |" in text
+    assert target_row(text, "W5", "simulated in at most 20x W1's time").endswith("| n/a (scaled-down run) |")

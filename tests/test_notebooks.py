@@ -39,10 +39,10 @@ def _kernel_manager():
     return ThisPythonKernel
 
 
-def test_there_are_four_notebooks():
+def test_there_are_five_notebooks():
     assert [p.name for p in NOTEBOOKS] == [
         "01_kv_cache_limits.py", "02_continuous_batching.py", "03_chunked_prefill.py",
-        "04_prefix_caching.py"]
+        "04_prefix_caching.py", "05_routing.py"]
 
 
 @pytest.mark.parametrize("source", NOTEBOOKS, ids=lambda p: p.stem)

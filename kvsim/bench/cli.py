@@ -18,7 +18,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "bench", help="speed benchmarks: out/performance.md (reports/ with --update-reports)",
         description="Run the reference workloads of scenarios/bench/ (W1: Azure conversation 10k; "
-                    "W2: Mooncake 12k, 70B TP4; W3: 100-point sweep; W4: 1M synthetic, streaming), "
+                    "W2: Mooncake 12k, 70B TP4; W3: 100-point sweep; W4: 1M synthetic, streaming; "
+                    "W5: a 16-replica fleet, 160k requests, each run after a W1 run), "
                     "each in fresh processes, and write the timings, peak memory, the ratio to the "
                     "step-by-step path and the targets to a Markdown report. See docs/bench.md.")
     _add_arguments(p)
@@ -27,11 +28,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("workloads", nargs="*", metavar="W", help="W1 W2 W3 W4 (default: all)")
+    p.add_argument("workloads", nargs="*", metavar="W", help="W1 W2 W3 W4 W5 (default: all)")
     p.add_argument("--reps", type=int, default=3, metavar="N",
                    help="repetitions of W1 (default 3; see --heavy-reps for the others)")
     p.add_argument("--heavy-reps", type=int, default=1, metavar="N",
-                   help="repetitions of the workloads that take minutes each (W2, W3, W4; default 1)")
+                   help="repetitions of the workloads that take minutes each (W2, W3, W4, W5; default 1)")
     p.add_argument("--quick", action="store_true",
                    help="step-path ratio on a prefix of each trace (W1: 2,000 requests, W2: 1,000) "
                         "instead of the whole workload")
@@ -47,7 +48,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--update-reports", action="store_true",
                    help="rewrite the tracked reports/performance.md of the repository")
     p.add_argument("--scenarios", default=str(DEFAULT_SCENARIOS), metavar="DIR",
-                   help="folder of the workload scenarios w1.yaml .. w4.yaml (default "
+                   help="folder of the workload scenarios w1.yaml .. w5.yaml (default "
                         "scenarios/bench, i.e. run from the repository root)")
 
 

@@ -136,10 +136,19 @@ def measure_workload(w: Workload, workdir: Path, *, reps: int, quick: bool, requ
             log(f"  {w.name} rep {i + 1}/{reps}: {rec['process_wall_s']:.2f} s wall "
                 f"({rec['num_points']} points, {workers} workers), peak {rec['peak_rss_mib']:.0f} MiB")
         else:
+            ref = None
+            if w.relative_to is not None:       # alternate: the reference, then this workload
+                ref = measure_run(WORKLOADS[w.relative_to], workdir, path="fast", requests=requests,
+                                  label=f"{w.name}-rep{i}-{w.relative_to}", scenarios=scenarios)
             rec = measure_run(w, workdir, path="fast", requests=requests, label=f"{w.name}-rep{i}",
                               scenarios=scenarios)
+            if ref is not None:
+                rec["ref_sim_cpu_s"] = ref["sim_cpu_s"]
+                rec["sim_cpu_vs_ref"] = rec["sim_cpu_s"] / ref["sim_cpu_s"] if ref["sim_cpu_s"] else None
             log(f"  {w.name} rep {i + 1}/{reps}: simulate {rec['sim_s']:.3f} s, process "
-                f"{rec['process_wall_s']:.2f} s, {rec['num_steps']:,} steps, peak {rec['peak_rss_mib']:.0f} MiB")
+                f"{rec['process_wall_s']:.2f} s, {rec['num_steps']:,} steps, peak {rec['peak_rss_mib']:.0f} MiB"
+                + (f"; CPU {rec['sim_cpu_s']:.2f} s = {rec['sim_cpu_vs_ref']:.2f}x {w.relative_to}'s "
+                   f"{ref['sim_cpu_s']:.2f} s" if ref is not None else ""))
         m.reps.append(rec)
     if ratio and w.kind == "run" and w.ratio_requests is not None:
         prefix = None

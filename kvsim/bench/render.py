@@ -51,7 +51,8 @@ def workload_table(m: Measurement, *, scaled: bool) -> list[str]:
     order = (["process_wall_s", "process_cpu_s", "cpu_per_worker_s", "points_sim_s_sum", "num_requests", "requests_per_s",
               "peak_rss_mib"]
              if w.kind == "sweep" else
-             ["sim_s", "sim_cpu_s", "process_wall_s", "process_cpu_s", "num_requests", "requests_per_s", "num_steps", "steps_per_s",
+             ["sim_s", "sim_cpu_s", "ref_sim_cpu_s", "sim_cpu_vs_ref", "process_wall_s", "process_cpu_s",
+              "num_requests", "requests_per_s", "num_steps", "steps_per_s",
               "us_per_step", "fast_step_share", "peak_rss_mib"])
     for metric in order:
         vals = m.values(metric)

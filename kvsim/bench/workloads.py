@@ -1,4 +1,4 @@
-"""The reference workloads W1-W4 (``scenarios/bench/``), the speed targets and how they are judged.
+"""The reference workloads W1-W5 (``scenarios/bench/``), the speed targets and how they are judged.
 
 Targets come from the speed issue; the met / not-met column is computed from
 the numbers by :func:`judge`, never written by hand.
@@ -36,6 +36,7 @@ class Workload:
     ratio_requests: int | None    # prefix for the step-path ratio with --quick (None: no ratio)
     ratio_always_prefix: bool = False   # the full step path would take far too long
     heavy: bool = False           # minutes per run: repeated --heavy-reps times, not --reps
+    relative_to: str | None = None   # a workload run before each repetition (ratio of CPU times)
 
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (
@@ -55,6 +56,10 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
              "1,000,000 synthetic requests, streaming metrics; Qwen3-1.7B, 1x H100, "
              "Poisson 1000 req/s, 4 output tokens",
              "workload.num_requests", 10000, ratio_always_prefix=True, heavy=True),
+    Workload("W5", "w5.yaml", "run",
+             "a fleet: 16 W1 replicas behind round robin, 160,000 requests with the Azure "
+             "conversation trace's lengths at 16x its rate (Poisson)",
+             "workload.num_requests", 2000, ratio_always_prefix=True, heavy=True, relative_to="W1"),
 )}
 
 
@@ -81,6 +86,9 @@ TARGETS = (
     Target("W3", "cpu_per_worker_s", 30.0, "s",
            "sweep CPU time / workers under 30 s (load-independent view)"),
     Target("W4", "peak_rss_mib", 1024.0, "MiB", "peak memory under 1 GiB"),
+    # Issue 14: cost grows with requests, not replicas x requests. CPU time,
+    # W1 and W5 run one after the other (the ratio of each pair).
+    Target("W5", "sim_cpu_vs_ref", 20.0, "x", "simulated in at most 20x W1's time (CPU, alternating runs)"),
 )
 
 # metric key -> (label, unit, format)
@@ -99,6 +107,8 @@ METRICS = {
     "peak_rss_mib": ("peak memory (RSS of the process; W3: its largest process)", "MiB", "{:,.0f}"),
     "points_sim_s_sum": ("sum of the points' own wall times", "s", "{:.2f}"),
     "cpu_per_worker_s": ("CPU time (user + system, workers included) / workers", "s", "{:.2f}"),
+    "ref_sim_cpu_s": ("CPU time inside simulate() of the reference workload, run just before", "s", "{:.3f}"),
+    "sim_cpu_vs_ref": ("CPU time inside simulate() / the reference's (W5: W1's)", "x", "{:.2f}"),
 }
 
 

@@ -25,6 +25,7 @@ from kvsim.metrics.summary import summarize
 from kvsim.scenario.loader import LoadedScenario, load_scenario
 from kvsim.scenario.schema import ScenarioError
 from kvsim.scenario.result import Result, itl_seconds, requests_frame, steps_frame
+from kvsim.sim.engine import EngineStats
 from kvsim.workload import build_workload
 
 _POOL_SECTIONS = ("model", "hardware", "engine", "cost_model")
@@ -153,19 +154,36 @@ def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig) -> 
                              routed=[run.num_routed[k] for k in indices], slo=slo)
 
     requests = _by_arrival(pd.concat(frames, ignore_index=True))
+    everyone = list(range(len(run.replicas)))
+    fleet = group(everyone, requests)
     per_pool = {}
     for pool in dict.fromkeys(i.pool for i in run.infos):
         members = [k for k, i in enumerate(run.infos) if i.pool == pool]
-        pool_requests = _by_arrival(pd.concat([frames[k] for k in members], ignore_index=True))
-        per_pool[pool] = {"role": run.infos[members[0]].role, "replicas": len(members),
-                          **group(members, pool_requests)}
+        if members == everyone:                   # one pool: its summary is the fleet's
+            numbers = fleet
+        else:
+            numbers = group(members, _by_arrival(pd.concat([frames[k] for k in members], ignore_index=True)))
+        per_pool[pool] = {"role": run.infos[members[0]].role, "replicas": len(members), **numbers}
     summary = {"scenario": sc.name, "scheduler": sc.scheduler, "num_replicas": len(run.replicas),
-               "router": cluster.router.policy, **group(list(range(len(run.replicas))), requests)}
+               "router": cluster.router.policy, **fleet}
     steps = pd.concat([s.assign(replica=i.name) for s, i in zip(step_frames, run.infos)],
                       ignore_index=True)
     itl = np.concatenate(itls) if itls else np.zeros(0)
-    return FleetResult(summary, requests, steps, itl, sc, None, per_replica=per_replica,
+    return FleetResult(summary, requests, steps, itl, sc, fleet_stats(run), per_replica=per_replica,
                        per_pool=per_pool, run=run)
+
+
+def fleet_stats(run: FleetRun) -> EngineStats:
+    """How the fleet was simulated: every replica's steps, runs and arrivals added up.
+
+    ``scheduler`` is left empty: a scheduler's own counters (a utilisation, say)
+    do not add up across replicas; each replica's are ``replica.stats()``.
+    """
+    each = [r.stats() for r in run.replicas]
+    return EngineStats(num_steps=sum(e.num_steps for e in each),
+                       num_run_steps=sum(e.num_run_steps for e in each),
+                       num_runs=sum(e.num_runs for e in each),
+                       num_arrived=sum(e.num_arrived for e in each), scheduler={})
 
 
 def _by_arrival(requests: pd.DataFrame) -> pd.DataFrame:
