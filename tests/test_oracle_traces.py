@@ -36,9 +36,9 @@ def scenario_for(case: Path) -> dict:
     }
 
 
-def run_trace(case: Path) -> list[dict]:
+def run_trace(case: Path, fast_path: bool = True) -> list[dict]:
     steps: list[dict] = []
-    kvsim.simulate(scenario_for(case), trace=steps.append)
+    kvsim.simulate(scenario_for(case), trace=steps.append, fast_path=fast_path)
     return steps
 
 
@@ -57,13 +57,18 @@ def first_difference(expected: list[dict], actual: list[dict]) -> str | None:
     return None
 
 
-def test_there_are_golden_cases():
-    assert len(CASES) >= 10
+def test_every_case_folder_holds_a_golden_trace():
+    # Each folder of tests/golden/oracle/ with a config is a case, and every
+    # case has the real scheduler's trace (a case without one would be skipped).
+    folders = sorted(p.parent.name for p in GOLDEN.glob("*/config.json"))
+    assert folders == CASES
+    assert len(CASES) >= 39
 
 
+@pytest.mark.parametrize("fast_path", [True, False], ids=["skip-ahead", "step-by-step"])
 @pytest.mark.parametrize("name", CASES)
-def test_chunked_scheduler_matches_vllm_step_by_step(name):
+def test_chunked_scheduler_matches_vllm_step_by_step(name, fast_path):
     case = GOLDEN / name
     expected = [json.loads(line) for line in (case / "expected.jsonl").read_text().splitlines() if line]
-    actual = run_trace(case)
+    actual = run_trace(case, fast_path)
     assert first_difference(expected, actual) is None

@@ -119,15 +119,21 @@ class KVCacheManager:
     # ------------------------------------------------------------ mutations
 
     def allocate_slots(self, req, num_new_tokens: int, num_new_computed_tokens: int = 0,
-                       new_computed_blocks=(), num_lookahead_tokens: int = 0) -> list[int] | None:
+                       new_computed_blocks=(), num_lookahead_tokens: int = 0,
+                       num_external_computed_tokens: int = 0,
+                       delay_cache_blocks: bool = False) -> list[int] | None:
         """Allocate blocks for ``num_new_tokens`` more tokens of ``req`` (A1-A4).
 
-        Returns the newly allocated block ids, or None (nothing changed).
+        ``num_external_computed_tokens`` come after the local prefix hit from a
+        KV connector (sched/connector.py); with ``delay_cache_blocks`` (an
+        asynchronous load) nothing is cached until the KV has arrived
+        (``cache_blocks``). Returns the newly allocated block ids, or None
+        (nothing changed).
         """
-        if num_new_tokens <= 0:
+        if num_new_tokens < 0 or (num_new_tokens == 0 and not num_external_computed_tokens):
             raise ValueError("num_new_tokens must be > 0")
         rid = req.request_id
-        num_computed = req.num_computed_tokens + num_new_computed_tokens
+        num_computed = req.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
         need = num_computed + num_new_tokens + num_lookahead_tokens      # A1
         blocks = self.req_to_blocks.get(rid)
         if blocks is None or new_computed_blocks or self._any_forks:
@@ -149,9 +155,16 @@ class KVCacheManager:
             blocks.extend(new_blocks)
         else:
             new_blocks = []
-        # Slots reserved past the known tokens (lookahead) are never cached.
-        self._cache_full_blocks(req, blocks, min(num_computed + num_new_tokens, req.num_tokens))
+        if not delay_cache_blocks:
+            # Slots reserved past the known tokens (lookahead) are never cached.
+            self._cache_full_blocks(req, blocks, min(num_computed + num_new_tokens, req.num_tokens))
         return new_blocks
+
+    def cache_blocks(self, req, num_computed_tokens: int) -> None:
+        """A4 for blocks whose KV arrived late (an asynchronous load): hash the
+        request's blocks that ``num_computed_tokens`` fill."""
+        self._cache_full_blocks(req, self.req_to_blocks[req.request_id],
+                                min(num_computed_tokens, req.num_tokens))
 
     def free(self, req) -> None:
         """Return all of ``req``'s blocks, tail block first (B6)."""

@@ -22,6 +22,7 @@ class StepPlan:
     prefix_hit_tokens: dict[str, int] = field(default_factory=dict)
     resume_hit_tokens: dict[str, int] = field(default_factory=dict)
     swap_bytes: int = 0
+    kv_wait_s: float = 0.0        # the forward pass waits this long on synchronous KV loads
     num_sampled: int = 0
     failed: list[Request] = field(default_factory=list)   # rejected for good (e.g. V0 "ignored")
 
@@ -109,6 +110,13 @@ class Scheduler(Protocol):
     def apply_decode_run(self, run: DecodeRun, num_steps: int, token_times: list[float]) -> list[Request]:
         """The first ``num_steps`` steps of ``run``, ending at ``token_times``;
         returns the requests that finished in the last of them, freed."""
+        ...
+
+    def next_wakeup_time(self) -> float:
+        """When something outside the steps next changes what can be scheduled
+        (a KV transfer completing, sched/connector.py); ``inf`` if nothing is
+        pending. No decode run goes past it, and an engine with nothing to
+        schedule sleeps until then."""
         ...
 
     def pop_unschedulable(self) -> Request | None:

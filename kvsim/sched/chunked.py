@@ -13,20 +13,28 @@ from __future__ import annotations
 
 from kvsim.sched.base import DecodeRun, StepPlan, commit_scheduled, record_admission, sample_tokens
 from kvsim.sched.config import SchedulerConfig
+from kvsim.sched.connector import KVConnector, KVTransfers
 from kvsim.sched.paged import PagedScheduler
 from kvsim.sched.queues import make_waiting_queue
 from kvsim.sched.request import Request, RequestStatus
 
 
+SKIP = "skip"          # try_admission: leave this request for a later step, try the next
+
 
 class ChunkedScheduler(PagedScheduler):
-    """vLLM V1 ``Scheduler`` in synchronous mode, with fake one-token outputs."""
+    """vLLM V1 ``Scheduler`` in synchronous mode, with fake one-token outputs.
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    With a ``connector`` (sched/connector.py) some KV comes from outside the
+    GPU cache: a P/D prefill replica, offload tiers.
+    """
+
+    def __init__(self, config: SchedulerConfig, connector: KVConnector | None = None) -> None:
         super().__init__(config)
         self.waiting = make_waiting_queue(config.policy)
         # N2: vLLM sizes the watermark on all blocks, the null block included.
         self.watermark_blocks = int(config.watermark * config.num_gpu_blocks)
+        self.transfers = KVTransfers(connector) if connector is not None else None
 
     # ------------------------------------------------------------ protocol
 
@@ -34,10 +42,13 @@ class ChunkedScheduler(PagedScheduler):
         self.waiting.add(req)
 
     def has_requests(self) -> bool:
-        return bool(self.running) or bool(len(self.waiting))
+        t = self.transfers
+        return (bool(self.running) or bool(len(self.waiting))
+                or (t is not None and bool(len(t) or t.num_sending)))
 
     def get_request_counts(self) -> tuple[int, int]:
-        return len(self.running), len(self.waiting)
+        holding = len(self.transfers) if self.transfers is not None else 0
+        return len(self.running), len(self.waiting) + holding
 
     def schedule(self) -> StepPlan:
         plan = StepPlan()
@@ -47,6 +58,8 @@ class ChunkedScheduler(PagedScheduler):
             # S3: a step that preempted admits nothing.
             self._schedule_waiting(plan, budget)
         commit_scheduled(plan)
+        if self.transfers is not None:
+            plan.kv_wait_s = self.transfers.connector.step_wait_s(plan.scheduled)
         return plan
 
     def refresh_threshold(self) -> None:
@@ -56,8 +69,30 @@ class ChunkedScheduler(PagedScheduler):
         self._threshold = self.config.long_prefill_token_threshold if num_in_system > 1 else 0
 
     def update_from_output(self, plan: StepPlan, now: float) -> list[Request]:
-        """Every request whose chunk reached its last token samples one (S7)."""
-        return self.finish_requests(sample_tokens(plan, now), now)
+        """Every request whose chunk reached its last token samples one (S7);
+        then the KV transfers that completed during the step are taken in."""
+        finished = self.finish_requests(sample_tokens(plan, now), now)
+        self._after_step(now)
+        return finished
+
+    # ------------------------------------------------------ KV connector
+
+    def _free_finished(self, req: Request) -> None:
+        t = self.transfers
+        if t is not None and t.connector.request_finished(req, list(self.kv.get_blocks(req.request_id))):
+            t.keep_for_sending(req)          # a reader still needs the blocks (finished_sending)
+        else:
+            self.kv.free(req)
+
+    def _after_step(self, now: float) -> None:
+        if self.transfers is not None:
+            for req in self.transfers.poll(now):
+                self.kv.free(req)
+
+    def next_wakeup_time(self) -> float:
+        if self.transfers is None:
+            return float("inf")
+        return self.transfers.connector.next_transfer_done_time()
 
     def pop_unschedulable(self) -> Request | None:
         return self.waiting.pop() if len(self.waiting) else None
@@ -95,14 +130,17 @@ class ChunkedScheduler(PagedScheduler):
         served): the run stops before that step.
         """
         cfg = self.config
-        if not len(self.waiting):
-            return max_steps
         budget = cfg.max_num_batched_tokens - len(self.running)
-        if len(self.running) >= cfg.max_num_seqs or budget <= 0:
+        shut = len(self.running) >= cfg.max_num_seqs or budget <= 0
+        if self.transfers is not None and not shut and self.transfers.may_change():
+            return 0                              # a request whose KV arrived may start
+        if not len(self.waiting) or shut:
             return max_steps
+        if self.transfers is not None:
+            return 0                              # its external hit may change: step
         head = self.waiting.peek()
         if self.try_admission(head, budget) is not None:
-            return 0
+            return 0                              # admitted now (or skipped: step anyway)
         if not self.kv.enable_caching or head.num_computed_tokens:
             return max_steps
         hits, _ = self.kv.get_computed_blocks(head)
@@ -204,43 +242,111 @@ class ChunkedScheduler(PagedScheduler):
     # ------------------------------------------------------------- waiting
 
     def _schedule_waiting(self, plan: StepPlan, budget: int) -> int:
-        """S3-S5: admit from the waiting queue until a request does not fit."""
+        """S3-S5: admit from the waiting queue until a request does not fit.
+
+        Requests that hold KV blocks (a connector's load, sched/connector.py)
+        are served first, as vLLM serves ``kv_holding_waiting``.
+        """
+        if self.transfers is not None and len(self.transfers):
+            budget = self._schedule_holding(plan, budget)
+            if budget is None:
+                return 0
+        skipped = []
         while budget > 0 and len(self.waiting):
             if len(self.running) >= self.config.max_num_seqs:
                 break                               # TV9: the cap counts running requests
             req = self.waiting.peek()
             admission = self.try_admission(req, budget)
+            if admission is SKIP:
+                skipped.append(self.waiting.pop())
+                continue
             if admission is None:
                 break                               # TV10: head-of-line blocking
-            hits, num_hit, n = admission
-            self.kv.allocate_slots(req, n, num_hit, hits)
+            hits, num_hit, n, num_external, load_async = admission
+            self.kv.allocate_slots(req, n, num_hit, hits, num_external_computed_tokens=num_external,
+                                   delay_cache_blocks=load_async)
             self.waiting.pop()
+            if num_external:
+                self.transfers.connector.update_state_after_alloc(
+                    req, list(self.kv.get_blocks(req.request_id)), num_external)
+            if load_async:
+                self.transfers.start_load(req, num_hit + num_external)
+                continue
             self.running.append(req)
-            record_admission(plan, req, num_hit, n)
+            record_admission(plan, req, num_hit + num_external, n)
+            budget -= n
+        for req in reversed(skipped):               # skipped requests keep their order (N5)
+            self.waiting.prepend(req)
+        return budget
+
+    def _schedule_holding(self, plan: StepPlan, budget: int) -> int | None:
+        """Requests whose KV was loaded asynchronously, in the order they got their
+        blocks; None when the waiting queue must not be served in this step."""
+        t = self.transfers
+        for req in list(t.holding):
+            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+                return None
+            arrived = t.ready(req)
+            if arrived is None:
+                continue                            # still loading: skipped this step
+            if arrived:
+                self.kv.cache_blocks(req, arrived)  # cached once the KV is there
+            n = self._prefill_chunk(req, req.num_computed_tokens, budget)
+            cfg = self.config
+            fit = min(req.num_tokens, cfg.max_model_len) if cfg.scheduler_reserve_full_isl else None
+            if n is None or not self._can_admit(req, n, req.num_computed_tokens, [], fit):
+                return None
+            self.kv.allocate_slots(req, n)
+            t.holding.remove(req)
+            self.running.append(req)
+            record_admission(plan, req, req.num_computed_tokens, n)
             budget -= n
         return budget
 
-    def try_admission(self, req: Request, budget: int) -> tuple[list[int], int, int] | None:
-        """(prefix-hit blocks, hit tokens, chunk) if ``req`` can be admitted now, else None.
-
-        Read-only: the lookup (H3, H4) and the fit checks (S4, N1, N2), not the
-        allocation.
-        """
-        cfg = self.config
-        if req.num_computed_tokens == 0:
-            hits, num_hit = self.kv.get_computed_blocks(req)
-        else:
-            hits, num_hit = [], req.num_computed_tokens
-        n = req.num_tokens - num_hit
+    def _prefill_chunk(self, req: Request, num_computed: int, budget: int) -> int | None:
+        """S4: the chunk a waiting request gets: the rest of its tokens, cut to the
+        threshold and the budget; None when chunking is off and it does not fit."""
+        n = req.num_tokens - num_computed
         if 0 < self._threshold < n:
             n = self._threshold
-        if not cfg.enable_chunked_prefill and n > budget:
+        if not self.config.enable_chunked_prefill and n > budget:
             return None                             # S4 [new]: break, do not skip
-        n = min(n, budget)
+        return min(n, budget)
+
+    def try_admission(self, req: Request, budget: int):
+        """What admitting ``req`` now would do, or None (it does not fit: the queue
+        stops here), or ``SKIP`` (a connector cannot tell yet: try the next one).
+
+        Returns (prefix-hit blocks, hit tokens, chunk, external tokens, load
+        asynchronously). Read-only: the lookups (H3, H4, the connector's) and
+        the fit checks (S4, N1, N2), not the allocation.
+        """
+        cfg = self.config
+        num_external, load_async = 0, False
+        if req.num_computed_tokens == 0:
+            hits, num_hit = self.kv.get_computed_blocks(req)
+            if self.transfers is not None:
+                num_external, load_async = self.transfers.connector.get_num_new_matched_tokens(req, num_hit)
+                if num_external is None:
+                    return SKIP
+                if num_hit + num_external > req.num_tokens:
+                    raise ValueError(f"KV connector: {num_external} external tokens past a hit of "
+                                     f"{num_hit} for request {req.request_id} of {req.num_tokens} "
+                                     f"tokens")
+                load_async = load_async and num_external > 0
+        else:
+            hits, num_hit = [], req.num_computed_tokens
+        num_computed = num_hit + num_external
+        if load_async:
+            n = 0                                   # no work until the KV has arrived
+        else:
+            n = self._prefill_chunk(req, num_computed, budget)
+            if n is None:
+                return None
         fit = min(req.num_tokens, cfg.max_model_len) if cfg.scheduler_reserve_full_isl else None
-        if not self._can_admit(req, n, num_hit, hits, fit):
+        if not self._can_admit(req, n, num_computed, hits, fit):
             return None
-        return hits, num_hit, n
+        return hits, num_hit, n, num_external, load_async
 
     def _can_admit(self, req: Request, n: int, num_hit: int, hits: list[int],
                    full_tokens: int | None) -> bool:

@@ -51,8 +51,18 @@ class PagedScheduler:
             req.status = RequestStatus.FINISHED
             req.finish_time = now
             self.running.remove(req)
-            self.kv.free(req)
+            self._free_finished(req)
         return finished
+
+    def _free_finished(self, req: Request) -> None:
+        self.kv.free(req)
+
+    def _after_step(self, now: float) -> None:
+        """What happens at the end of every step, run or single (nothing here)."""
+
+    def next_wakeup_time(self) -> float:
+        """When something outside the steps (a KV transfer) next changes the state."""
+        return float("inf")
 
     # ---------------------------------------------------------- decode runs
 
@@ -128,4 +138,6 @@ class PagedScheduler:
             r.token_times.extend(token_times)
             if r.prompt_len + out >= r.final_num_tokens:      # is_finished
                 finished.append(r)
-        return self.finish_requests(finished, token_times[-1])
+        finished = self.finish_requests(finished, token_times[-1])
+        self._after_step(token_times[-1])
+        return finished

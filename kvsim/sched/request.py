@@ -31,6 +31,7 @@ def _first_fresh_id(index: int) -> int:
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"   # its KV is being loaded (sched/connector.py)
     RUNNING = "running"
     PREEMPTED = "preempted"
     SWAPPED = "swapped"

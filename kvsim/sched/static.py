@@ -60,6 +60,9 @@ class StaticScheduler:
     def apply_decode_run(self, run: DecodeRun, num_steps: int, token_times: list[float]) -> list[Request]:
         raise NotImplementedError("static plans no decode runs")
 
+    def next_wakeup_time(self) -> float:
+        return float("inf")                       # nothing happens outside the steps
+
     def pop_unschedulable(self) -> Request | None:
         return self.waiting.pop() if len(self.waiting) else None
 

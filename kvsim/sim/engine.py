@@ -215,17 +215,21 @@ class Engine:
             # is asked for then; stepping it one by one is exact either way.
             run = sched.plan_decode_run() if self.fast_path and not arrived else None
             if run is not None:
+                until = min(self._next_input_time(), sched.next_wakeup_time())
                 times, durations = self._decode_run_times(run.num_seqs, run.context_token_sum,
-                                                          self.env.now, run.max_steps,
-                                                          self._next_input_time())
+                                                          self.env.now, run.max_steps, until)
                 if durations:
                     yield from self._decode_run(run, times, durations)
                     continue
             yield from self._step()
 
-    def _sleep(self):
-        self._wake = self.env.event()
-        yield self._wake
+    def _sleep(self, until: float | None = None):
+        """Until a request is submitted, or the time ``until``."""
+        wake = self._wake = self.env.event()
+        if until is not None:
+            AtTime(self.env, max(until, self.env.now)).callbacks.append(
+                lambda _e: None if wake.triggered else wake.succeed())
+        yield wake
         self._wake = None
 
     def _step(self):
@@ -241,9 +245,16 @@ class Engine:
             self._on_done(req)
         if plan.is_empty and plan.failed:
             return
+        if plan.is_empty and sched.next_wakeup_time() < math.inf:
+            # Only KV transfers are pending (sched/connector.py): vLLM's engine
+            # core polls with empty steps; kvsim waits for the completion (or a
+            # submit) and records no step.
+            yield from self._sleep(until=sched.next_wakeup_time())
+            sched.update_from_output(plan, env.now)
+            return
         scheduled = plan.scheduled
         duration = self._step_time([e[1] for e in scheduled], [e[2] for e in scheduled],
-                                   plan.num_sampled, plan.swap_bytes)
+                                   plan.num_sampled, plan.swap_bytes) + plan.kv_wait_s
         yield env.timeout(duration)
         finished = sched.update_from_output(plan, env.now)
         self._record(plan, finished, start, duration)

@@ -16,10 +16,14 @@ from kvsim.workload.request import RequestSpec
 SCHEDULERS = ("chunked", "continuous", "static")
 
 
-def make_scheduler(name: str, config: SchedulerConfig):
+def make_scheduler(name: str, config: SchedulerConfig, connector=None):
+    """The scheduler ``name``; ``connector`` (sched/connector.py) only with ``chunked``."""
+    if connector is not None and name != "chunked":
+        raise ValueError(f"engine.scheduler: {name!r} takes no KV connector (P/D transfer, KV "
+                         f"offloading); allowed: chunked")
     if name == "chunked":
         from kvsim.sched.chunked import ChunkedScheduler
-        return ChunkedScheduler(config)
+        return ChunkedScheduler(config, connector)
     if name == "continuous":
         from kvsim.sched.continuous import ContinuousScheduler
         return ContinuousScheduler(config)
@@ -46,17 +50,20 @@ def request_problem(req: Request, config: SchedulerConfig) -> str:
 
 def make_engine(config: SchedulerConfig, *, scheduler: str = "chunked",
                 cost_model: CostModel | None = None, env: simpy.Environment | None = None,
-                **engine_options) -> Engine:
+                connector=None, **engine_options) -> Engine:
     """One engine replica with its scheduler and request builder (not started)."""
-    sched = make_scheduler(scheduler, config)
+    sched = make_scheduler(scheduler, config, connector)
 
     def make(spec: RequestSpec, index: int, arrival: float) -> Request:
         return Request(spec, index, block_size=config.block_size,
                        max_model_len=config.max_model_len, arrival_time=arrival,
                        hash_blocks=config.enable_prefix_caching, keep_tokens=config.debug)
 
-    return Engine(sched, cost_model or ConstantCostModel(1.0), make_request=make,
-                  check_request=lambda r: request_problem(r, config), env=env, **engine_options)
+    engine = Engine(sched, cost_model or ConstantCostModel(1.0), make_request=make,
+                    check_request=lambda r: request_problem(r, config), env=env, **engine_options)
+    if connector is not None:
+        connector.bind(engine.env, sched.kv)
+    return engine
 
 
 def run_engine(specs: Iterable[RequestSpec], config: SchedulerConfig, *,
@@ -64,7 +71,7 @@ def run_engine(specs: Iterable[RequestSpec], config: SchedulerConfig, *,
                trace: Callable[[dict], None] | None = None,
                concurrency: int | None = None, fast_path: bool = True, sink=None,
                flush_every: int = 20_000,
-               progress: Callable[[float, int], None] | None = None) -> Engine:
+               progress: Callable[[float, int], None] | None = None, connector=None) -> Engine:
     """Simulate ``specs`` on one engine; returns the engine with its records."""
     env = simpy.Environment(initial_time=0.0)
     engine: Engine | None = None
@@ -73,7 +80,7 @@ def run_engine(specs: Iterable[RequestSpec], config: SchedulerConfig, *,
     engine = make_engine(config, scheduler=scheduler, cost_model=cost_model, env=env, trace=trace,
                          fast_path=fast_path, sink=sink, flush_every=flush_every,
                          on_done=lambda req: frontend.on_done(req.request_id, req.finish_time),
-                         more_input=frontend.has_more_input, progress=progress)
+                         more_input=frontend.has_more_input, progress=progress, connector=connector)
     frontend.start()
     engine.start()
     env.run()
