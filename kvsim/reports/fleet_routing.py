@@ -122,11 +122,15 @@ def run(ctx: ReportContext) -> Report:
                f"blog reports {SGLANG_HIT_RATIO}x on its own benchmark; the ratio depends on the "
                f"workload (how many requests share each prefix, how many replicas), so it is not a "
                f"check here.",
-               "Small cache: one replica holds only about 12 of the 64 system prompts, so even one "
-               "replica misses often. Round robin gives every replica all 64 to hold, and its hit "
-               "rate stays low at every size; prefix-aware routing gives each replica its share, so "
-               "the fleet's caches add up and the hit rate rises well above one replica's. The "
-               "claim's 'recovers' understates what a prefix-aware router gains there.",
+               "Where kvsim differs (small cache): one replica's cache holds only about 12 of the 64 "
+               "system prompts, so even one replica evicts and recomputes them. Round robin gives "
+               "every replica all 64 to hold whatever the fleet size, so each replica thrashes as "
+               "the single one does and the hit rate stays about flat (it does not fall: first "
+               "sightings, which is what more replicas add, are few next to the evictions; "
+               "`cold_bound` above is far from binding). The claim's fall needs caches that hold "
+               "the working set (the first workload) or conversations (the second). Prefix-aware "
+               "routing gives each replica its share, so the fleet's caches add up and the hit "
+               "rate rises far above one replica's: 'recovers' understates it.",
                "The price of locality is balance: `imbalance_routed` (max / mean requests per "
                "replica) grows with prefix-aware routing, which SGLang's rule bounds with its "
                "balance thresholds (balance_abs_threshold 64, balance_rel_threshold 1.5).",
