@@ -84,11 +84,18 @@ def _run_page(folder: Path) -> tuple[str, str]:
         if rows:
             parts.append(f"<h2>{_e(section)}</h2>" + _key_value_table(rows))
     steps = _csv(folder / "steps.csv")
-    if steps is not None and len(steps):
+    fleet = "replica" in steps.columns if steps is not None else False
+    if fleet:                                    # a cluster: scenario/cluster_outputs.py
+        parts.append(_fleet_section(summary, steps, _csv(folder / "requests.csv"), name))
+    elif steps is not None and len(steps):
         parts.append("<h2>KV cache and queues over time</h2>" + _figure(plots.kv_timeline(steps, name)))
         parts.append("<h2>What each step computes</h2>" + _figure(plots.batch_timeline(steps, name)))
     metrics = _csv(folder / "metrics.csv", needs=("time_s", "vllm:prefix_cache_queries_total",
                                                   "vllm:prefix_cache_hits_total"))
+    if metrics is not None and "replica" in metrics.columns:   # the fleet's counters: add them up
+        summed = metrics.drop(columns=["replica"]).groupby("time_s", sort=True).sum()
+        metrics = pd.DataFrame({"time_s": summed.index.to_numpy(),
+                                **{c: summed[c].to_numpy() for c in summed.columns}})
     if metrics is not None and len(metrics) > 1:
         parts.append("<h2>Prefix cache hit rate per scrape (vLLM's counters)</h2>" + _figure(_hit_rate(metrics, name)))
     columns = ["request_id", "arrival_time_s", "e2el_s", "num_prompt_tokens", "num_output_tokens",
@@ -97,8 +104,33 @@ def _run_page(folder: Path) -> tuple[str, str]:
     if requests is not None and len(requests):
         slow = requests.assign(e2el_s=requests["finish_time_s"] - requests["arrival_time_s"])
         slow = slow.sort_values("e2el_s", ascending=False, kind="stable").head(10)
+        if "replica" in requests.columns:
+            columns.insert(1, "replica")
         parts.append("<h2>The ten slowest requests</h2>" + _table(slow[columns]))
     return f"kvsim run: {name}", "\n".join(parts)
+
+
+# Per-replica columns of a fleet page (summary.json "replicas", kvsim/metrics/fleet.py).
+REPLICA_COLUMNS = ["pool", "routed", "completed", "failed", "prefix_cache_hit_rate", "kv_cache_usage_mean",
+                   "kv_cache_usage_max", "num_preemptions", "computed_tokens", "median_ttft_ms",
+                   "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms"]
+FLEET_KEYS = ["num_replicas", "router", "slo_attainment", "imbalance_routed", "imbalance_computed_tokens"]
+
+
+def _fleet_section(summary: dict, steps: pd.DataFrame, requests: pd.DataFrame | None, name: str) -> str:
+    from kvsim import plots_fleet
+
+    parts = ["<h2>Fleet</h2>" + _key_value_table([(k, summary[k]) for k in FLEET_KEYS if k in summary])]
+    for title, key in (("Pools", "pools"), ("Replicas", "replicas")):
+        rows = summary.get(key) or {}
+        if rows:
+            table = pd.DataFrame.from_dict(rows, orient="index")
+            table = table[[c for c in ["role", "replicas", *REPLICA_COLUMNS] if c in table.columns]]
+            parts.append(f"<h2>{title}</h2>" + _table(table.rename_axis("name").reset_index()))
+    if requests is not None and len(steps) and len(requests):
+        parts.append("<h2>Load and prefix-cache hit rate per replica</h2>"
+                     + _figure(plots_fleet.replica_timeline(steps, requests, title=name)))
+    return "\n".join(parts)
 
 
 def _hit_rate(metrics: pd.DataFrame, name: str):

@@ -31,6 +31,12 @@ VLLM_FILES = (METRICS_FILE, BENCH_FILE)
 def write_vllm_outputs(result, out_dir: str | Path, *, detailed: bool = False,
                        interval_s: float = 1.0) -> tuple[list[str], list[str]]:
     """Write both files for a ``kvsim.Result``; returns (file names written, notes)."""
+    if getattr(result, "per_replica", None):     # a fleet: kvsim/scenario/cluster_outputs.py
+        from kvsim.scenario.cluster_outputs import write_fleet_vllm_outputs
+        notes = write_fleet_vllm_outputs(result, out_dir, setup=bench_setup(result.scenario, len(result.requests)),
+                                         metrics_file=METRICS_FILE, bench_file=BENCH_FILE,
+                                         detailed=detailed, interval_s=interval_s)
+        return [METRICS_FILE, BENCH_FILE], notes
     out = Path(out_dir)
     sc = result.scenario
     if sc is None or sc.scenario.metrics.streaming:

@@ -70,12 +70,12 @@ def test_targets_are_the_issues():
         ("W1", "sim_cpu_s", 0.5, None), ("W1", "process_cpu_s", 1.5, None),
         ("W3", "process_wall_s", 30.0, None), ("W3", "cpu_per_worker_s", 30.0, None),
         ("W4", "peak_rss_mib", 1024.0, None), ("W5", "peak_rss_mib", 1024.0, None),
-        ("W6", "sim_cpu_s", 1.5, "W1")}
+        ("W6", "sim_cpu_s", 1.5, "W1"), ("W7", "sim_cpu_s", 20.0, "W1"), ("W7", "sim_s", 10.0, None)}
 
 
 def test_w5_is_opt_in_and_the_others_are_the_default_set():
     from kvsim.bench.workloads import DEFAULT_WORKLOADS
-    assert DEFAULT_WORKLOADS == ("W1", "W2", "W3", "W4", "W6")
+    assert DEFAULT_WORKLOADS == ("W1", "W2", "W3", "W4", "W6", "W7")
     assert "W5" in WORKLOADS
 
 
@@ -152,7 +152,7 @@ def test_same_summary_treats_nan_as_equal_and_any_other_difference_as_different(
 
 
 def test_unknown_workload_is_a_user_error():
-    with pytest.raises(ValueError, match="W9.*allowed: W1, W2, W3, W4, W5, W6"):
+    with pytest.raises(ValueError, match="W9.*allowed: W1, W2, W3, W4, W5, W6, W7"):
         bench.bench_command(bench_args("W9"), log=lambda *_: None)
 
 

@@ -42,7 +42,7 @@ UNITS = {
     "kvsim.plots": 7, "kvsim.vllm_outputs": 7,
     "kvsim.cli": 8, "kvsim.__main__": 8, "kvsim.plots_cli": 8, "kvsim.reports": 8,
     "kvsim.plan": 8, "kvsim.bench": 8, "kvsim.view": 8, "kvsim.schema_cli": 8,
-    "kvsim.plots_serving": 8, "kvsim.calibrate_serve": 8,
+    "kvsim.plots_serving": 8, "kvsim.plots_fleet": 8, "kvsim.calibrate_serve": 8,
 }
 COMMANDS = 8
 

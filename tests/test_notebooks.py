@@ -42,7 +42,7 @@ def _kernel_manager():
 def test_there_are_five_notebooks():
     assert [p.name for p in NOTEBOOKS] == [
         "01_kv_cache_limits.py", "02_continuous_batching.py", "03_chunked_prefill.py",
-        "04_prefix_caching.py", "05_kv_tiers.py"]
+        "04_prefix_caching.py", "05_kv_tiers.py", "06_routing.py"]
 
 
 @pytest.mark.parametrize("source", NOTEBOOKS, ids=lambda p: p.stem)

@@ -171,3 +171,11 @@ def test_radix_hits_only_the_partial_block_tails_more_than_the_hash_cache(report
     rates = n["hit_rate"]
     assert rates["n=4 | radix"] < rates["n=4 | hash"]
     assert rates["multi-turn | off"] == 0.0
+def test_fleet_hit_rate_falls_under_round_robin_and_recovers_under_prefix_aware(reports):
+    n = reports[1]["fleet_routing"].numbers["hit_rate"]
+    for workload in ("shared system prompts", "multi-turn chat"):
+        rr, pa = n[workload]["round_robin"], n[workload]["prefix_aware"]
+        assert rr[1] > rr[4] > rr[16]
+        assert pa[16] >= pa[1] - 0.03 and pa[16] > 2 * rr[16]
+    small = n["small cache"]
+    assert small["prefix_aware"][16] > small["prefix_aware"][1] + 0.2     # the fleet's caches add up

@@ -1,11 +1,11 @@
 """``kvsim bench``: speed of the simulator on fixed reference workloads.
 
-Each workload is a scenario in ``scenarios/bench/`` (W1-W6, see
+Each workload is a scenario in ``scenarios/bench/`` (W1-W7, see
 docs/bench.md; ``--scenarios DIR`` when not run from the repository root).
 Every measurement runs in a fresh child process, so imports and peak memory
 belong to that workload alone. The package:
 
-    workloads.py    W1-W6, the targets, judge()        measure.py  child processes, timings
+    workloads.py    W1-W7, the targets, judge()        measure.py  child processes, timings
     child.py        what runs inside a child           render.py   reports/performance.md
     attribution.py  cProfile time by component         imports.py  -X importtime by package
     compare.py      --compare REF (A/B of two trees)   cli.py      the command

@@ -21,7 +21,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         description="Run the reference workloads of scenarios/bench/ (W1: Azure conversation 10k; "
                     "W2: Mooncake 12k, 70B TP4; W3: 100-point sweep; W4: 1M synthetic, streaming; "
                     "W5: 10M synthetic, streaming, only when named; W6: W1 on the continuous "
-                    "scheduler), each in fresh processes, and write the timings, the time by phase "
+                    "scheduler; W7: a 16-replica fleet, 160k requests), each in fresh processes, and write the timings, the time by phase "
                     "and by component, peak memory, the ratio to the step-by-step path and the "
                     "targets to a Markdown report. --compare REF instead alternates this tree and "
                     "another version on one workload. See docs/bench.md.")
@@ -37,7 +37,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
                    help="repetitions of W1 and W6 (default 3; see --heavy-reps for the others); "
                         "with --compare: pairs of runs (default 5)")
     p.add_argument("--heavy-reps", type=int, default=1, metavar="N",
-                   help="repetitions of the workloads that take minutes each (W2, W3, W4; default 1)")
+                   help="repetitions of the workloads that take minutes each (W2, W3, W4, W5; default 1)")
     p.add_argument("--quick", action="store_true",
                    help="step-path ratio on a prefix of each trace (W1: 2,000 requests, W2: 1,000) "
                         "instead of the whole workload")
@@ -63,7 +63,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--update-reports", action="store_true",
                    help="rewrite the tracked reports/performance.md of the repository")
     p.add_argument("--scenarios", default=str(DEFAULT_SCENARIOS), metavar="DIR",
-                   help="folder of the workload scenarios w1.yaml .. w6.yaml (default "
+                   help="folder of the workload scenarios w1.yaml .. w7.yaml (default "
                         "scenarios/bench, i.e. run from the repository root)")
 
 

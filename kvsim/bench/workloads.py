@@ -1,4 +1,4 @@
-"""The reference workloads W1-W6 (``scenarios/bench/``), the speed targets and how they are judged.
+"""The reference workloads W1-W7 (``scenarios/bench/``), the speed targets and how they are judged.
 
 Targets come from the speed issues (#19 for one engine; the sweep's from the
 first one); the met / not-met column is computed from the numbers by
@@ -69,6 +69,13 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
              "W1's 10,000 Azure conversation requests on the `continuous` scheduler (vLLM V0, "
              "no chunked prefill: budget = max_model_len 16,384); Llama-3.1-8B, 1x H100, roofline",
              "workload.trace.max_requests", 2000),
+    # Issue 14's fleet benchmark: 16 of W1's engines; the step-path ratio on a
+    # 2,000-request prefix (the 16 replicas step by step take minutes).
+    Workload("W7", "w7.yaml", "run",
+             "a fleet: 16 W1 replicas behind round robin, 160,000 requests with the Azure "
+             "conversation trace's lengths at 16x its rate (Poisson)",
+             "workload.num_requests", 2000, ratio_always_prefix=True, heavy=True,
+             attribution_requests=20_000),
 )}
 
 DEFAULT_WORKLOADS = tuple(name for name, w in WORKLOADS.items() if w.default)
@@ -104,6 +111,10 @@ TARGETS = (
     Target("W5", "peak_rss_mib", 1024.0, "MiB", "10 million streamed requests in under 1 GiB"),
     Target("W6", "sim_cpu_s", 1.5, "x",
            "`continuous` within 1.5x of `chunked` (W1), CPU time in simulate()", relative_to="W1"),
+    # Issue 14: cost grows with requests, not replicas x requests; issue 19: the fleet in 10 s.
+    Target("W7", "sim_cpu_s", 20.0, "x", "fleet within 20x W1's CPU time in simulate()",
+           relative_to="W1"),
+    Target("W7", "sim_s", 10.0, "s", "16 replicas, 160,000 requests in 10 s"),
 )
 
 # metric key -> (label, unit, format)

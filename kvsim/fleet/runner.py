@@ -17,7 +17,7 @@ never talk to each other.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,12 +46,20 @@ def router_needs_hashes(router_cfg) -> bool:
     return router_cfg.policy == "weighted" and bool(_HASHING_SCORERS & set(router_cfg.scorers))
 
 
+def _named_trace(trace, name: str):
+    """A replica's step records, each with its ``replica`` name, to the run's trace."""
+    if trace is None:
+        return None
+    return lambda record: trace({"replica": name, **record})
+
+
 @dataclass
 class FleetRun:
     """What a fleet run produced: every replica with its records, in pool order."""
 
     replicas: list[Engine]
     infos: list[ReplicaInfo]
+    pools: list[PoolPlan]
     router: Router
     num_routed: list[int]
 
@@ -60,7 +68,9 @@ class Fleet:
     """Replicas of mixed pools behind one router (P/D pools: docs/fleet.md, not yet run)."""
 
     def __init__(self, pools: Sequence[PoolPlan], cluster: ClusterConfig, *, seed: int,
-                 env: simpy.Environment | None = None, fast_path: bool = True) -> None:
+                 env: simpy.Environment | None = None, fast_path: bool = True,
+                 trace: Callable[[dict], None] | None = None,
+                 progress: Callable[[float, int], None] | None = None) -> None:
         if any(p.role != "mixed" for p in pools):
             raise NotImplementedError(
                 "cluster.pools: prefill/decode pools need the engine's remote-KV admission "
@@ -70,11 +80,15 @@ class Fleet:
         self.frontend: Frontend | None = None
         self.replicas: list[Engine] = []
         self.infos: list[ReplicaInfo] = []
+        self.pools = list(pools)
+        self._progress = progress
         for pool in pools:
             for k in range(pool.replicas):
                 name = f"{pool.name}-{k}"
-                self.replicas.append(make_replica(self.env, name, pool, on_done=self._on_done,
-                                                  more_input=self._more_input, fast_path=fast_path))
+                self.replicas.append(make_replica(
+                    self.env, name, pool, on_done=self._on_done, more_input=self._more_input,
+                    fast_path=fast_path, trace=_named_trace(trace, name),
+                    progress=self._report if progress is not None else None))
                 self.infos.append(ReplicaInfo(name, pool.name, pool.role, pool.sched_config.block_size,
                                               pool.sched_config.num_gpu_blocks - 1))
         self.block_size = self.infos[0].block_size
@@ -95,6 +109,10 @@ class Fleet:
     def _more_input(self) -> bool:
         return self.frontend.has_more_input()
 
+    def _report(self, now_s: float, _num_done: int) -> None:
+        # Each replica calls this every 256 of its steps; the count is the fleet's.
+        self._progress(now_s, sum(r.num_done for r in self.replicas))
+
     def run(self, specs: Iterable[RequestSpec], *, concurrency: int | None = None) -> FleetRun:
         self.frontend = Frontend(self.env, specs, self.submit, concurrency=concurrency)
         self.frontend.start()
@@ -104,4 +122,4 @@ class Fleet:
         for replica in self.replicas:
             replica.close()
         self.frontend.check_all_sent()
-        return FleetRun(self.replicas, self.infos, self.router, self.num_routed)
+        return FleetRun(self.replicas, self.infos, self.pools, self.router, self.num_routed)

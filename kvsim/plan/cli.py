@@ -18,10 +18,13 @@ from kvsim.scenario.executor import signals_as_interrupts
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
-        "plan", help="capacity planning: highest rate meeting SLOs per GPU candidate",
+        "plan", help="capacity planning: highest rate meeting SLOs per GPU candidate, or the "
+                     "fewest replicas per router (--router)",
         description="For each candidate (GPU, TP, KV dtype, engine knobs) find by bisection over "
-                    "simulations the highest request rate that meets the SLOs; print a table "
-                    "and write DIR/plan.csv and DIR/plan.png. See docs/plan.md.")
+                    "simulations the highest request rate that meets the SLOs; with plan.fleet or "
+                    "--router, the fewest replicas (GPUs) that meet them at the target rate behind "
+                    "each router, simulating the whole fleet; print a table and write "
+                    "DIR/plan.csv and DIR/plan.png. See docs/plan.md.")
     p.add_argument("plan", nargs="?", metavar="PLAN.yaml",
                    help="a scenario with a plan: section (or give --workload and flags)")
     p.add_argument("--out", metavar="DIR",
@@ -41,6 +44,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--target-rate", type=float, metavar="REQ_S", help="total rate to size for")
     p.add_argument("--seeds", type=int, metavar="N", help="seeds per candidate")
     p.add_argument("--num-requests", type=int, metavar="N", help="requests per probe")
+    p.add_argument("--router", action="append", metavar="POLICY",
+                   help="plan a fleet: the fewest replicas meeting the SLOs at --target-rate behind "
+                        "this router (round_robin, prefix_aware, ...); repeatable (plan.fleet.routers)")
+    p.add_argument("--max-replicas", type=int, metavar="N",
+                   help="largest fleet a fleet plan tries (plan.fleet.max_replicas, default 64)")
     p.add_argument("--workers", type=int, metavar="N", help="probes at once (default: all cores)")
     p.add_argument("--executor", choices=["local", "ray"], default="local",
                    help="local process pool (default) or Ray (needs the ray extra), as kvsim sweep")
@@ -97,6 +105,13 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
             if not sep:
                 raise PlanError(f"--slo {item!r}: expected KEY=MS like p99_ttft_ms=2000")
         section["slo"] = slo
+    if args.router or args.max_replicas is not None:        # a fleet plan (kvsim/plan/fleet.py)
+        fleet = dict(section.get("fleet") or {})
+        if args.router:
+            fleet["routers"] = list(args.router)
+        if args.max_replicas is not None:
+            fleet["max_replicas"] = args.max_replicas
+        section["fleet"] = fleet
     data["plan"] = section
     if args.model:
         data["model"] = args.model
@@ -133,5 +148,6 @@ def plan_command(args: argparse.Namespace) -> int:
     if args.out:
         write_outputs(rows, plan, args.out)
         where = f"; wrote {Path(args.out) / 'plan.csv'}, plan.png, runs/*.yaml"
-    print(f"{len(rows)} candidate(s), {probes} simulations in {wall:.1f} s wall{where}",
+    what = "candidate x router row(s)" if plan.fleet is not None else "candidate(s)"
+    print(f"{len(rows)} {what}, {probes} simulations in {wall:.1f} s wall{where}",
           file=sys.stderr)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import yaml
 
+from kvsim.plan.fleet import FLEET_COLUMNS, fleet_scenario, router_label
 from kvsim.plan.spec import Plan, with_rate
 
 CSV_COLUMNS = ["candidate", "gpu", "tp", "kv_cache_dtype", "max_num_batched_tokens",
@@ -18,6 +19,8 @@ CSV_COLUMNS = ["candidate", "gpu", "tp", "kv_cache_dtype", "max_num_batched_toke
 
 
 def format_table(rows: list[dict], plan: Plan) -> str:
+    if plan.fleet is not None:                 # kvsim/plan/fleet.py
+        return format_fleet_table(rows, plan)
     slo = ", ".join(f"{k} <= {v:g}" for k, v in plan.slo_ms.items())
     lines = [f"SLOs: {slo}; {len(plan.seeds)} seed(s); tolerance {100 * plan.bounds.tolerance:g}%"
              + (f"; target {plan.target_rate_req_s:g} req/s" if plan.target_rate_req_s else "")]
@@ -44,6 +47,9 @@ def write_outputs(rows: list[dict], plan: Plan, out_dir: str | os.PathLike) -> P
 
     from kvsim import plots
 
+    if plan.fleet is not None:                 # kvsim/plan/fleet.py
+        write_fleet_outputs(rows, plan, out_dir)
+        return Path(out_dir)
     out = Path(out_dir)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     table = pd.DataFrame(rows, columns=CSV_COLUMNS)
@@ -77,3 +83,56 @@ def _absolute_paths(workload: dict, base_dir: Path) -> dict:
         if isinstance(dist, dict) and "file" in dist:
             dist["file"] = str((base_dir / os.path.expandvars(dist["file"])).resolve())
     return workload
+
+
+# ----------------------------------------------------------------------------- fleet plans
+
+def format_fleet_table(rows: list[dict], plan) -> str:
+    slo = ", ".join(f"{k} <= {v:g}" for k, v in plan.slo_ms.items())
+    lines = [f"SLOs: {slo} at {plan.target_rate_req_s:g} req/s; {len(plan.seeds)} seed(s); "
+             f"1..{plan.fleet.max_replicas} replicas"]
+    header = (f"{'candidate':<24} {'router':<20} {'replicas':>8} {'GPUs':>5} {'hit rate':>8} "
+              f"{'imbal.':>6}  binding (one replica fewer)")
+    lines += [header, "-" * len(header)]
+    for r in rows:
+        if r["status"] == "ok":
+            hit = "-" if r["prefix_cache_hit_rate"] != r["prefix_cache_hit_rate"] else \
+                f"{100 * r['prefix_cache_hit_rate']:.1f}%"
+            lines.append(f"{r['candidate']:<24} {r['router']:<20} {r['replicas']:>8} {r['num_gpus']:>5} "
+                         f"{hit:>8} {r['imbalance_routed']:>6.2f}  {r['binding']}: {r['detail']}")
+        else:
+            lines.append(f"{r['candidate']:<24} {r['router']:<20} {r['status'].upper()}: {r['detail']}")
+    return "\n".join(lines)
+
+
+def write_fleet_outputs(rows: list[dict], plan, out_dir) -> None:
+    """``plan.csv`` (``FLEET_COLUMNS`` and the SLO metrics at the answer, worst seed), ``plan.png``
+    (GPUs per candidate and router) and ``runs/<candidate>_<router>.yaml`` (the fleet at its
+    answer, first seed, for ``kvsim run``)."""
+    import pandas as pd
+
+    from kvsim.plots_fleet import fleet_plan_gpus
+
+    out = Path(out_dir)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    columns = [*FLEET_COLUMNS, *plan.slo_ms]
+    table = pd.DataFrame(rows, columns=columns)
+    table.to_csv(out / "plan.csv", index=False)
+    fleet_plan_gpus(table, title=plan.base.get("name")).savefig(out / "plan.png", dpi=110)
+    for row in rows:
+        if row["status"] != "ok":
+            continue
+        cand = next(c for c in plan.candidates if c.label == row["candidate"])
+        router = next(r for r in plan.fleet.routers if router_label(r) == row["router"])
+        scenario = fleet_scenario(plan.base, cand, router, row["replicas"], plan.target_rate_req_s,
+                                  plan.seeds[0])
+        scenario["name"] = f"{plan.base.get('name', 'plan')} {cand.label} {row['router']}"
+        if "workload" in scenario:
+            scenario["workload"] = _absolute_paths(scenario["workload"], plan.base_dir)
+        name = _file_name(f"{cand.label}_{row['router']}")
+        with open(out / "runs" / f"{name}.yaml", "w", encoding="utf-8") as f:
+            fails = row["fails_at_replicas"]
+            f.write(f"# kvsim plan: {cand.label}, {row['replicas']} replicas behind {row['router']} at "
+                    f"{plan.target_rate_req_s:g} req/s (seed {plan.seeds[0]})"
+                    + (f"; the SLOs fail with {fails}\n" if fails else "\n"))
+            yaml.safe_dump(scenario, f, sort_keys=False)

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 PLAN_KEYS = ("gpus", "tp", "kv_cache_dtype", "max_num_batched_tokens", "max_num_seqs", "slo",
-             "target_rate", "seeds", "rate", "tolerance", "workers")
+             "target_rate", "seeds", "rate", "tolerance", "workers", "fleet")
 RATE_KEYS = ("start", "min", "max")
+FLEET_KEYS = ("routers", "max_replicas", "start_replicas")
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 LATENCY_STATS = ("mean", "median", "p90", "p99")
 # A probe at or above this KV usage had requests waiting for blocks (the pool
@@ -62,6 +63,53 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class FleetSpec:
+    """``plan.fleet`` (kvsim/plan/fleet.py): the routers to compare and the range of fleet sizes."""
+
+    routers: tuple                  # router configs, as cluster.router takes them
+    max_replicas: int = 64
+    start_replicas: int = 1
+
+
+def parse_fleet(section, base: Mapping) -> FleetSpec:
+    """``plan.fleet`` of a plan file (``True`` or ``{}``: every default) -> FleetSpec."""
+    from kvsim.fleet.config import parse_cluster_config
+
+    if section is True or section is None:
+        section = {}
+    if not isinstance(section, Mapping):
+        raise PlanError(f"plan.fleet: got {section!r}; expected a mapping with keys {', '.join(FLEET_KEYS)}")
+    for key in section:
+        if key not in FLEET_KEYS:
+            raise PlanError(f"plan.fleet.{key}: unknown key; allowed: {', '.join(FLEET_KEYS)}")
+    cluster = base.get("cluster") or {}
+    if isinstance(cluster, Mapping) and cluster.get("pools") is not None:
+        raise PlanError("plan.fleet: the base scenario has cluster.pools; a fleet plan sizes identical "
+                        "replicas (cluster.replicas); prefill/decode pools are planned once they run")
+    routers = section.get("routers", [cluster.get("router", "round_robin")]
+                          if isinstance(cluster, Mapping) else ["round_robin"])
+    if not isinstance(routers, list) or not routers:
+        raise PlanError(f"plan.fleet.routers: got {routers!r}; expected a list of router policies "
+                        f"(round_robin, prefix_aware, ...) or {{policy: ..., options}}")
+    for i, router in enumerate(routers):
+        try:
+            parse_cluster_config({"replicas": 1, "router": router}, path=f"plan.fleet.routers[{i}]")
+        except ValueError as exc:
+            raise PlanError(str(exc).replace(f"plan.fleet.routers[{i}].router", f"plan.fleet.routers[{i}]")) \
+                from None
+    sizes = {}
+    for key, default in (("max_replicas", 64), ("start_replicas", 1)):
+        value = section.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PlanError(f"plan.fleet.{key}: got {value!r}; expected an integer >= 1")
+        sizes[key] = value
+    if sizes["start_replicas"] > sizes["max_replicas"]:
+        raise PlanError(f"plan.fleet: start_replicas {sizes['start_replicas']} > max_replicas "
+                        f"{sizes['max_replicas']}")
+    return FleetSpec(tuple(routers), **sizes)
+
+
+@dataclass(frozen=True)
 class Plan:
     base: dict                       # the scenario without its plan section
     base_dir: Path
@@ -71,6 +119,7 @@ class Plan:
     bounds: RateBounds
     target_rate_req_s: float | None
     workers: int | None
+    fleet: FleetSpec | None = None   # plan.fleet: a fleet plan (kvsim/plan/fleet.py)
 
 
 def normalize_slo_key(key: str) -> str:
@@ -185,7 +234,13 @@ def parse_plan(data: Mapping, base_dir: str | os.PathLike = ".") -> Plan:
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise PlanError(f"plan.workers: got {workers!r}; expected an integer >= 1")
     _check_rate_settable(base.get("workload") or {})
-    return Plan(base, Path(base_dir).resolve(), candidates, slo_ms, seeds, bounds, target, workers)
+    fleet = None
+    if "fleet" in section:               # the fewest replicas at the target rate: plan/fleet.py
+        fleet = parse_fleet(section["fleet"], base)
+        if target is None:
+            raise PlanError("plan.target_rate: missing; a fleet plan (plan.fleet) sizes the fleet for "
+                            "a target rate in req/s, e.g. target_rate: 50")
+    return Plan(base, Path(base_dir).resolve(), candidates, slo_ms, seeds, bounds, target, workers, fleet)
 
 
 def _check_rate_settable(workload: Mapping) -> None:

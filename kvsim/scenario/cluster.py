@@ -11,6 +11,7 @@ YAML path. A scenario without ``cluster:`` never comes here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,10 +20,12 @@ import pandas as pd
 from kvsim.fleet.config import ClusterConfig, PoolConfig, PoolFacts, check_pools, parse_cluster_config
 from kvsim.fleet.replica import PoolPlan
 from kvsim.fleet.runner import Fleet, FleetRun
+from kvsim.metrics.fleet import computed_tokens, group_summary
 from kvsim.metrics.summary import summarize
 from kvsim.scenario.loader import LoadedScenario, load_scenario
 from kvsim.scenario.schema import ScenarioError
-from kvsim.scenario.simulate import Result, itl_seconds, requests_frame, steps_frame
+from kvsim.scenario.result import Result, itl_seconds, requests_frame, steps_frame
+from kvsim.sim.engine import EngineStats
 from kvsim.workload import build_workload
 
 _POOL_SECTIONS = ("model", "hardware", "engine", "cost_model")
@@ -78,26 +81,51 @@ def _load_pool(sc: LoadedScenario, index: int, pool: PoolConfig) -> LoadedScenar
 
 @dataclass
 class FleetResult(Result):
-    """A fleet run: the fleet-wide tables and summary, plus each replica's summary.
+    """A fleet run: the fleet-wide tables and summary, plus each pool's and replica's summary.
 
     ``requests`` and ``steps`` carry a ``replica`` column (the replica's name,
-    ``<pool>-<k>``); ``per_replica`` maps each name to its summary.
+    ``<pool>-<k>``; steps grouped by replica, in pool order). ``summary`` is
+    the fleet's, flat (what a sweep row or a plan probe reads);
+    ``per_pool`` and ``per_replica`` map names to their summaries
+    (kvsim/metrics/fleet.py). ``write`` puts all three in summary.json.
     """
 
     per_replica: dict[str, dict] = field(default_factory=dict)
+    per_pool: dict[str, dict] = field(default_factory=dict)
     run: FleetRun | None = field(default=None, repr=False)
 
+    def write(self, out_dir) -> Path:
+        from kvsim.scenario.cluster_outputs import write_fleet_run
+        return write_fleet_run(self, out_dir)
 
-def simulate_cluster(scenario, *, overrides=None, fast_path: bool = True) -> FleetResult:
-    """Run a scenario that has a ``cluster:`` section (a ``LoadedScenario``, mapping or path)."""
+
+def simulate_cluster(scenario, *, overrides=None, fast_path: bool = True, trace=None,
+                     progress=None, streaming: bool | None = None) -> FleetResult:
+    """Run a scenario that has a ``cluster:`` section (a ``LoadedScenario``, mapping or path).
+
+    ``kvsim.simulate`` comes here for such a scenario. ``trace`` gets every
+    replica's step records, each with a ``replica`` key; ``progress`` is
+    called as ``progress(sim_time_s, num_done, total)`` for the whole fleet.
+    """
     sc = scenario if isinstance(scenario, LoadedScenario) else load_scenario(scenario, overrides=overrides)
     if sc.scenario.cluster is None:
         raise ScenarioError("cluster: missing; simulate_cluster runs scenarios with a cluster section")
+    if streaming or (streaming is None and sc.scenario.metrics.streaming):
+        raise ScenarioError("metrics.streaming: true is not supported with cluster: yet (each replica's "
+                            "summary needs its tables); remove one of them")
     cluster, plans = load_cluster(sc)
     rng = np.random.default_rng(sc.seed)              # the workload's stream, as simulate() draws it
-    workload = build_workload(sc.workload, rng=rng, base_dir=sc.base_dir)
+    # Prompts no replica can run are not spelled out (as simulate() does for one engine).
+    longest = max(p.sched_config.max_model_len for p in plans)
+    workload = build_workload(sc.workload, rng=rng, base_dir=sc.base_dir, max_prompt_len=longest - 1)
+    hook = None
+    if progress is not None:
+        total = None if workload.num_requests is None else workload.num_requests * sc.workload.n
+
+        def hook(now_s: float, num_done: int) -> None:
+            progress(now_s, num_done, total)
     try:
-        fleet = Fleet(plans, cluster, seed=sc.seed, fast_path=fast_path)
+        fleet = Fleet(plans, cluster, seed=sc.seed, fast_path=fast_path, trace=trace, progress=hook)
     except NotImplementedError as exc:
         raise ScenarioError(str(exc)) from None
     run = fleet.run(workload.requests(), concurrency=workload.concurrency)
@@ -105,6 +133,7 @@ def simulate_cluster(scenario, *, overrides=None, fast_path: bool = True) -> Fle
 
 
 def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig) -> FleetResult:
+    """The tables and summaries of a finished fleet run."""
     slo = sc.scenario.slo.as_dict() or None
     frames, step_frames, itls, per_replica = [], [], [], {}
     for k, (replica, info) in enumerate(zip(run.replicas, run.infos)):
@@ -113,16 +142,49 @@ def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig) -> 
         itl = itl_seconds(replica.done)
         per_replica[info.name] = {
             "pool": info.pool, "routed": run.num_routed[k],
-            **summarize(req, steps, itl, num_gpu_blocks=info.num_usable_blocks + 1, slo=slo)}
+            **summarize(req, steps, itl, num_gpu_blocks=info.num_usable_blocks + 1, slo=slo),
+            "computed_tokens": computed_tokens(steps)}
         frames.append(req.assign(replica=info.name))
-        step_frames.append(steps.assign(replica=info.name))
+        step_frames.append(steps)
         itls.append(itl)
-    requests = pd.concat(frames, ignore_index=True)
-    requests = requests.sort_values(["arrival_time_s"], kind="stable").reset_index(drop=True)
-    steps = pd.concat(step_frames, ignore_index=True)
-    itl = np.concatenate(itls) if itls else np.zeros(0)
-    total_blocks = sum(i.num_usable_blocks + 1 for i in run.infos)
+
+    def group(indices: list[int], requests: pd.DataFrame) -> dict:
+        return group_summary(requests, [step_frames[k] for k in indices], [itls[k] for k in indices],
+                             num_gpu_blocks=sum(run.infos[k].num_usable_blocks + 1 for k in indices),
+                             routed=[run.num_routed[k] for k in indices], slo=slo)
+
+    requests = _by_arrival(pd.concat(frames, ignore_index=True))
+    everyone = list(range(len(run.replicas)))
+    fleet = group(everyone, requests)
+    per_pool = {}
+    for pool in dict.fromkeys(i.pool for i in run.infos):
+        members = [k for k, i in enumerate(run.infos) if i.pool == pool]
+        if members == everyone:                   # one pool: its summary is the fleet's
+            numbers = fleet
+        else:
+            numbers = group(members, _by_arrival(pd.concat([frames[k] for k in members], ignore_index=True)))
+        per_pool[pool] = {"role": run.infos[members[0]].role, "replicas": len(members), **numbers}
     summary = {"scenario": sc.name, "scheduler": sc.scheduler, "num_replicas": len(run.replicas),
-               "router": cluster.router.policy,
-               **summarize(requests, steps, itl, num_gpu_blocks=total_blocks, slo=slo)}
-    return FleetResult(summary, requests, steps, itl, sc, None, per_replica=per_replica, run=run)
+               "router": cluster.router.policy, **fleet}
+    steps = pd.concat([s.assign(replica=i.name) for s, i in zip(step_frames, run.infos)],
+                      ignore_index=True)
+    itl = np.concatenate(itls) if itls else np.zeros(0)
+    return FleetResult(summary, requests, steps, itl, sc, fleet_stats(run), per_replica=per_replica,
+                       per_pool=per_pool, run=run)
+
+
+def fleet_stats(run: FleetRun) -> EngineStats:
+    """How the fleet was simulated: every replica's steps, runs and arrivals added up.
+
+    ``scheduler`` is left empty: a scheduler's own counters (a utilisation, say)
+    do not add up across replicas; each replica's are ``replica.stats()``.
+    """
+    each = [r.stats() for r in run.replicas]
+    return EngineStats(num_steps=sum(e.num_steps for e in each),
+                       num_run_steps=sum(e.num_run_steps for e in each),
+                       num_runs=sum(e.num_runs for e in each),
+                       num_arrived=sum(e.num_arrived for e in each), scheduler={})
+
+
+def _by_arrival(requests: pd.DataFrame) -> pd.DataFrame:
+    return requests.sort_values(["arrival_time_s"], kind="stable").reset_index(drop=True)

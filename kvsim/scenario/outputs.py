@@ -211,6 +211,9 @@ def null_reason(key: str, value: float, summary: Mapping[str, Any]) -> str:
         return "no SLO given (slo: ttft_ms, tpot_ms, e2el_ms), so no goodput"
     if key == "duration":
         return "no request finished"
+    if key == "slo_attainment":                   # a fleet's key (kvsim/metrics/fleet.py)
+        return ("no SLO given (slo: ttft_ms, tpot_ms, e2el_ms), so no SLO attainment"
+                if completed or summary.get("failed") else "no request arrived")
     if key.endswith("_throughput") or key == "request_goodput":
         return "the run has no duration (no request finished, or all at one instant)"
     if key.endswith(("_ttft_ms", "_e2el_ms")):

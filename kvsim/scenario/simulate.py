@@ -2,53 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from itertools import chain
-from pathlib import Path
-from typing import Any
-
 import numpy as np
-import pandas as pd
 
-from kvsim.metrics.schema import REQUEST_COLUMNS, STEP_COLUMNS
 from kvsim.metrics.streaming import StreamingStats
 from kvsim.metrics.summary import summarize
-from kvsim.metrics.tables import write_csv
 from kvsim.scenario.loader import LoadedScenario, load_scenario
-from kvsim.scenario.outputs import check_output_dir, summary_json, write_files
-from kvsim.sched.request import Request, RequestStatus
-from kvsim.sim.engine import Engine, EngineStats
+# Result and the tables live in result.py (a fleet builds them too); imported here by name.
+from kvsim.scenario.result import RUN_FILES, Result, itl_seconds, requests_frame, steps_frame
+from kvsim.sched.request import Request
+from kvsim.sim.engine import Engine
 from kvsim.sim.run import run_engine
 from kvsim.workload import build_workload
 
-RUN_FILES = ("summary.json", "requests.csv", "steps.csv")
-
-
-@dataclass
-class Result:
-    """What a run produced: the summary, per-request and per-step tables.
-
-    ``stats`` says how the run was simulated (steps, decode runs, the
-    scheduler's own counters): what benchmarks and reports read instead of
-    reaching into the engine.
-    """
-
-    summary: dict[str, Any]
-    requests: pd.DataFrame
-    steps: pd.DataFrame
-    itl_s: np.ndarray = field(repr=False)
-    scenario: LoadedScenario | None = field(default=None, repr=False)
-    stats: EngineStats | None = field(default=None, repr=False)
-
-    def write(self, out_dir: str | Path) -> Path:
-        """Write summary.json (strict JSON), requests.csv, steps.csv atomically (scenario/outputs.py)."""
-        out = check_output_dir(out_dir, files=RUN_FILES)
-        summary = summary_json(self.summary)
-        # The same bytes as DataFrame.to_csv(index=False), several times faster.
-        write_files({out / "summary.json": lambda path: path.write_text(summary, encoding="utf-8"),
-                     out / "requests.csv": lambda path: write_csv(self.requests, path),
-                     out / "steps.csv": lambda path: write_csv(self.steps, path)})
-        return out
+__all__ = ["RUN_FILES", "Result", "StreamingSink", "collect_result", "itl_seconds", "requests_frame",
+           "simulate", "steps_frame"]
 
 
 def simulate(scenario, *, trace=None, overrides=None, fast_path: bool = True,
@@ -66,6 +33,10 @@ def simulate(scenario, *, trace=None, overrides=None, fast_path: bool = True,
     while the run goes (``kvsim.scenario.run_progress``; wall-clock reporting only).
     """
     sc = scenario if isinstance(scenario, LoadedScenario) else load_scenario(scenario, overrides=overrides)
+    if sc.scenario.cluster is not None:      # replicas behind a router: docs/fleet.md
+        from kvsim.scenario.cluster import simulate_cluster
+        return simulate_cluster(sc, fast_path=fast_path, trace=trace, progress=progress,
+                                streaming=streaming)
     rng = np.random.default_rng(sc.seed)
     # A prompt of max_model_len tokens or more is refused on arrival: not spelled out.
     workload = build_workload(sc.workload, rng=rng, base_dir=sc.base_dir,
@@ -121,48 +92,3 @@ def collect_result(engine: Engine, sc: LoadedScenario | None) -> Result:
     if sc is not None:
         summary = {"scenario": sc.name, "scheduler": sc.scheduler, **summary}
     return Result(summary, requests, steps, itl, sc, engine.stats())
-
-
-def requests_frame(done: list[Request]) -> pd.DataFrame:
-    rows = {c: [] for c in REQUEST_COLUMNS}
-    for r in done:
-        rows["request_id"].append(r.request_id)
-        rows["arrival_time_s"].append(r.arrival_time)
-        rows["queued_time_s"].append(r.queued_time)
-        rows["scheduled_time_s"].append(r.scheduled_time)
-        rows["first_token_time_s"].append(r.first_token_time)
-        rows["finish_time_s"].append(r.finish_time)
-        rows["num_prompt_tokens"].append(r.prompt_len)
-        rows["num_output_tokens"].append(r.num_output_tokens)
-        rows["num_cached_tokens"].append(max(r.num_cached_tokens, 0))
-        rows["num_preemptions"].append(r.num_preemptions)
-        rows["priority"].append(r.priority)
-        rows["status"].append("failed" if r.status is RequestStatus.FAILED else "completed")
-        rows["fail_reason"].append(r.fail_reason)
-    df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
-    return df.sort_values(["arrival_time_s"], kind="stable").reset_index(drop=True)
-
-
-def steps_frame(engine: Engine) -> pd.DataFrame:
-    return pd.DataFrame(engine.steps.columns, columns=STEP_COLUMNS)
-
-
-def itl_seconds(done: list[Request]) -> np.ndarray:
-    """Every gap between consecutive streamed messages of each completed request, request by request.
-
-    Tokens that reach the client at the same time are one message and add no
-    gap (several tokens per step, ``stream_interval``: ``kvsim.sim.client``),
-    as ``vllm bench serve`` counts one ITL per message after the first.
-    """
-    times = [r.token_times for r in done
-             if r.status is not RequestStatus.FAILED and len(r.token_times) > 1]
-    if not times:
-        return np.zeros(0)
-    # One diff over all requests' token times, less the gaps between requests
-    # (a np.diff per request costs more than its arithmetic).
-    lengths = np.fromiter(map(len, times), dtype=np.int64, count=len(times))
-    flat = np.fromiter(chain.from_iterable(times), dtype=float, count=int(lengths.sum()))
-    across = np.cumsum(lengths)[:-1] - 1       # gap from a request's last token to the next's first
-    gaps = np.delete(np.diff(flat), across)
-    # Steps take positive time, so a zero gap is two tokens of one message.
-    return gaps[gaps != 0.0]

@@ -322,9 +322,17 @@ def schema_path_error(root_model, path: str) -> str | None:
 
 
 def load_point(scenario: dict, *, base_dir: str | os.PathLike | None = None):
-    """Validate one point with the scenario loader (raises its ScenarioError)."""
+    """Validate one point with the scenario loader (raises its ScenarioError).
+
+    A point with ``cluster:`` has its pools resolved too (kvsim/scenario/cluster.py),
+    so a bad ``cluster.*`` value stops the sweep before anything runs.
+    """
     from kvsim.scenario import load_scenario
-    return load_scenario(scenario, base_dir=base_dir)
+    sc = load_scenario(scenario, base_dir=base_dir)
+    if sc.scenario.cluster is not None:
+        from kvsim.scenario.cluster import load_cluster
+        load_cluster(sc)
+    return sc
 
 
 _AUTO = "auto"

@@ -1,0 +1,195 @@
+"""A fleet's results: kvsim.simulate and kvsim run dispatch to it; its summaries and files."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import kvsim
+from kvsim.cli import main
+from kvsim.metrics.fleet import imbalance, max_concurrent, slo_attainment
+from kvsim.metrics.prometheus import prometheus_series
+from kvsim.scenario.cluster import simulate_cluster
+from kvsim.scenario.schema import ScenarioError
+from kvsim.view import render_view
+
+BASE = {
+    "name": "fleet-out", "seed": 1, "model": "llama-3.1-8b", "hardware": {"gpu": "h100-sxm", "tp": 1},
+    "engine": {"max_model_len": 4096, "max_num_batched_tokens": 1024, "max_num_seqs": 64,
+               "num_gpu_blocks_override": 800},
+    "cost_model": {"type": "roofline"},
+    "workload": {"num_requests": 48, "arrival": {"type": "poisson", "rate": 16.0},
+                 "prompt_len": {"type": "lognormal", "median": 200, "sigma": 0.5, "min": 16, "max": 1000},
+                 "output_len": {"type": "lognormal", "median": 40, "sigma": 0.5, "min": 4, "max": 200},
+                 "prefix": {"shared_prompt_tokens": 256, "num_groups": 3}},
+    "slo": {"ttft_ms": 200, "tpot_ms": 30},
+    "cluster": {"replicas": 3, "router": "least_loaded"},
+}
+
+
+def scenario(**changes):
+    data = copy.deepcopy(BASE)
+    for key, value in changes.items():
+        data[key] = value
+    return data
+
+
+def test_simulate_runs_a_scenario_with_cluster_as_a_fleet():
+    a = kvsim.simulate(scenario())
+    b = simulate_cluster(scenario())
+    assert set(a.per_replica) == {"replica-0", "replica-1", "replica-2"}
+    pd.testing.assert_frame_equal(a.requests, b.requests)
+    assert a.summary == b.summary or json.dumps(a.summary) == json.dumps(b.summary)
+
+
+def test_per_replica_and_per_pool_summaries_add_up_to_the_fleet():
+    r = kvsim.simulate(scenario())
+    reps = r.per_replica.values()
+    assert sum(s["completed"] for s in reps) == r.summary["completed"] == 48
+    assert sum(s["routed"] for s in reps) == 48
+    assert sum(s["num_gpu_blocks"] for s in reps) == r.summary["num_gpu_blocks"] == 3 * 800
+    assert sum(s["num_preemptions"] for s in reps) == r.summary["num_preemptions"]
+    assert sum(s["computed_tokens"] for s in reps) == int(r.steps["num_prefill_tokens"].sum()
+                                                          + r.steps["num_decode_tokens"].sum())
+    cached = sum(s["prefix_cache_hit_rate"] * s["total_input_tokens"] for s in reps)
+    assert cached / r.summary["total_input_tokens"] == pytest.approx(r.summary["prefix_cache_hit_rate"])
+    pool = r.per_pool["replica"]
+    assert pool["replicas"] == 3 and pool["role"] == "mixed" and pool["completed"] == 48
+    assert pool["imbalance_routed"] == r.summary["imbalance_routed"] == imbalance(
+        [s["routed"] for s in reps])
+    for name, s in r.per_replica.items():
+        assert s["completed"] == int((r.requests["replica"] == name).sum())
+
+
+def test_fleet_keys_mean_what_they_say():
+    r = kvsim.simulate(scenario())
+    good = ((r.requests["first_token_time_s"] - r.requests["arrival_time_s"]) * 1000 <= 200)
+    n_out = r.requests["num_output_tokens"]
+    tpot = np.where(n_out > 1, (r.requests["finish_time_s"] - r.requests["first_token_time_s"])
+                    / np.maximum(n_out - 1, 1), 0.0) * 1000
+    good &= tpot <= 30
+    assert r.summary["slo_attainment"] == pytest.approx(good.mean())
+    assert r.summary["request_goodput"] == pytest.approx(good.sum() / r.summary["duration"])
+    assert r.summary["max_concurrent_requests"] >= max(s["max_concurrent_requests"]
+                                                       for s in r.per_replica.values())
+
+
+def test_max_concurrent_adds_the_replicas_running_counts_along_time():
+    a = pd.DataFrame({"start_time_s": [0.0, 1.0, 2.0], "duration_s": [1.0, 1.0, 1.0],
+                      "num_running": [2, 3, 1]})
+    b = pd.DataFrame({"start_time_s": [0.5, 2.5], "duration_s": [1.0, 1.0], "num_running": [4, 0]})
+    # ends: a 1:2, a 2:3, a 3:1; b 1.5:4, b 3.5:0 -> levels 2, 6, 7, 5, 1
+    assert max_concurrent([a, b]) == 7
+    # a finish on one replica and an admission on another at one instant do not overlap
+    c = pd.DataFrame({"start_time_s": [0.0, 1.0], "duration_s": [1.0, 1.0], "num_running": [5, 0]})
+    d = pd.DataFrame({"start_time_s": [1.0], "duration_s": [1.0], "num_running": [5]})
+    assert max_concurrent([c, d]) == 5
+    assert max_concurrent([a]) == 3
+
+
+def test_imbalance_is_max_over_mean():
+    assert imbalance([10, 10, 10]) == 1.0
+    assert imbalance([30, 0, 0]) == 3.0
+    assert imbalance([0, 0]) == 1.0
+
+
+def test_slo_attainment_counts_failed_requests_as_misses():
+    requests = pd.DataFrame({"status": ["completed", "completed", "failed", "completed"],
+                             "arrival_time_s": [0.0, 0.0, 0.0, 0.0],
+                             "first_token_time_s": [0.1, 0.3, np.nan, 0.2],
+                             "finish_time_s": [0.5, 0.9, 0.0, 0.2],
+                             "num_output_tokens": [5, 5, 0, 1]})
+    assert slo_attainment(requests, {"ttft_ms": 250}) == 0.5
+    assert slo_attainment(requests, {"ttft_ms": 250, "tpot_ms": 50}) == 0.25
+    assert np.isnan(slo_attainment(requests, None))
+
+
+def test_kvsim_run_writes_the_fleets_files(tmp_path, capsys):
+    path = tmp_path / "fleet.yaml"
+    path.write_text(json.dumps(scenario(slo={})))
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--out", str(out), "--save-detailed"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_replicas"] == 3 and summary["router"] == "least_loaded"
+    assert summary["slo_attainment"] is None
+    assert summary["null_reasons"]["slo_attainment"].startswith("no SLO given")
+    assert set(summary["pools"]) == {"replica"}
+    assert set(summary["replicas"]) == {"replica-0", "replica-1", "replica-2"}
+    assert summary["replicas"]["replica-0"]["request_goodput"] is None      # strict JSON inside too
+    requests = pd.read_csv(out / "requests.csv")
+    steps = pd.read_csv(out / "steps.csv")
+    assert requests.columns[-1] == "replica" and steps.columns[-1] == "replica"
+    assert list(dict.fromkeys(steps["replica"])) == ["replica-0", "replica-1", "replica-2"]
+    metrics = pd.read_csv(out / "metrics.csv")
+    assert metrics.columns[0] == "replica"
+    per = {name: part for name, part in metrics.groupby("replica")}
+    assert len({len(p) for p in per.values()}) == 1                          # one set of scrape times
+    last = metrics.groupby("replica")["vllm:prefix_cache_queries_total"].max().sum()
+    assert last == requests["num_prompt_tokens"].sum()
+    bench = json.loads((out / "bench_serve.json").read_text())
+    assert bench["completed"] == 48 and len(bench["itls"]) == 48
+    gaps = np.sort(np.concatenate([g for g in bench["itls"] if g]))
+    r = kvsim.simulate(scenario(slo={}))
+    np.testing.assert_array_equal(gaps, np.sort(r.itl_s))
+
+
+def test_a_replicas_metrics_are_its_own_prometheus_series():
+    from kvsim.scenario.cluster_outputs import fleet_prometheus
+    r = kvsim.simulate(scenario())
+    table = fleet_prometheus(r)
+    name = "replica-1"
+    own = prometheus_series(r.requests[r.requests["replica"] == name].drop(columns=["replica"]),
+                            r.steps[r.steps["replica"] == name].drop(columns=["replica"]),
+                            max_model_len=4096)
+    mine = table[table["replica"] == name].drop(columns=["replica"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(mine.iloc[:len(own)], own, check_dtype=False)
+
+
+def test_the_trace_names_each_records_replica():
+    records = []
+    kvsim.simulate(scenario(), trace=records.append)
+    assert {r["replica"] for r in records} == {"replica-0", "replica-1", "replica-2"}
+    assert len(records) == len(kvsim.simulate(scenario()).steps)
+
+
+def test_streaming_metrics_with_a_cluster_is_one_line_error():
+    with pytest.raises(ScenarioError, match=r"^metrics.streaming: true is not supported with cluster:"):
+        kvsim.simulate(scenario(metrics={"streaming": True}))
+
+
+def test_view_shows_the_replica_table_and_figure(tmp_path):
+    kvsim.simulate(scenario()).write(tmp_path)
+    page = render_view(tmp_path)
+    assert "<h2>Replicas</h2>" in page and "<h2>Pools</h2>" in page
+    assert "Load and prefix-cache hit rate per replica" in page
+    assert "KV cache and queues over time" not in page          # one engine's figure: not for a fleet
+    for name in ("replica-0", "replica-1", "replica-2"):
+        assert f"<td>{name}</td>" in page
+
+
+def test_a_sweep_over_cluster_keys_runs_each_fleet(tmp_path):
+    from kvsim.scenario.sweep import run_sweep
+    sc = scenario()
+    sc["workload"]["num_requests"] = 24
+    sc["sweep"] = {"grid": {"cluster.replicas": [1, 2], "cluster.router": ["round_robin", "prefix_aware"]}}
+    outcome = run_sweep(sc, tmp_path, workers=1, progress=False)
+    assert outcome.num_done == 4
+    rows = pd.read_csv(outcome.results_csv)
+    assert rows["num_replicas"].tolist() == rows["cluster.replicas"].tolist() == [1, 1, 2, 2]
+    assert rows["router"].tolist() == ["round_robin", "prefix_aware"] * 2
+    assert (rows["completed"] == 24).all() and rows["slo_attainment"].notna().all()
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"cluster.router": ["round_robin", "fastest"]}, r"cluster.router='fastest'.*cluster.router.policy: got 'fastest'"),
+    ({"cluster.replicas": [2, 0]}, r"cluster.replicas=0.*cluster.replicas: got 0"),
+])
+def test_a_bad_cluster_value_in_a_sweep_stops_it_before_anything_runs(values, message):
+    from kvsim.scenario.sweep_points import SweepError, validate_sweep
+    sc = scenario() | {"sweep": {"grid": values}}
+    with pytest.raises(SweepError, match=message):
+        validate_sweep(sc)
