@@ -61,9 +61,6 @@ class ChunkedScheduler(ChunkedDecodeRuns, AsyncFinishing, PagedScheduler):
 
     # ------------------------------------------------------------ protocol
 
-    def add_request(self, req: Request) -> None:
-        self.waiting.add(req)
-
     def has_requests(self) -> bool:
         t = self.transfers
         return (bool(self.running) or bool(len(self.waiting))
