@@ -65,7 +65,7 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
     def has_requests(self) -> bool:
         t = self.transfers
         return (bool(self.running) or bool(len(self.waiting))
-                or (t is not None and bool(len(t) or t.num_sending)))
+                or (t is not None and bool(len(t) or t.sends_keep_engine_busy())))
 
     def get_request_counts(self) -> tuple[int, int]:
         # vLLM's stats come after the step's outputs: a finished request is gone.

@@ -187,6 +187,16 @@ class Engine:
         if self._in_flight is not None:
             self._cut_run()
 
+    def wake(self) -> None:
+        """End a sleep: something outside this engine changed when it next has work.
+
+        A fleet's decode replica started pulling a finished prefill's KV
+        (kvsim/fleet/pd.py), so this prefill replica now knows when to free
+        those blocks (sched/connector.py ``sends_keep_engine_busy``).
+        """
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
     def close(self) -> None:
         """The simulation is over: hand what is left to the sink."""
         if self.sink is not None:
