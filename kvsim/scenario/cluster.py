@@ -175,6 +175,12 @@ def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig) -> 
     summary = {"scenario": sc.name, "scheduler": sc.scheduler, "num_replicas": len(run.replicas),
                "router": cluster.router.policy, **fleet}
     if run.transfers is not None:
+        # A decode replica counts the pulled tokens as computed when it admits
+        # (vLLM's num_cached_tokens does too): the fleet's hit rate is the
+        # prefill pools', where prompts meet the prefix cache.
+        prefill = [k for k, i in enumerate(run.infos) if i.role == "prefill"]
+        p_requests = _by_arrival(pd.concat([frames[k] for k in prefill], ignore_index=True))
+        summary["prefix_cache_hit_rate"] = group(prefill, p_requests)["prefix_cache_hit_rate"]
         summary.update(_pd_summary(requests))
     steps = pd.concat([s.assign(replica=i.name) for s, i in zip(step_frames, run.infos)],
                       ignore_index=True)

@@ -159,8 +159,17 @@ class ChunkedScheduler(AsyncFinishing, PagedScheduler):
             return float("inf")
         return self.transfers.connector.next_transfer_done_time()
 
+    def waits_on_sends(self) -> bool:
+        """Finished requests keep blocks for a reader (sched/connector.py): they come back.
+
+        An engine with nothing to run then waits (vLLM's engine polls the
+        connector) instead of failing the waiting head (``pop_unschedulable``);
+        kvsim sleeps until a send ends or the connector wakes it (kvsim/fleet/pd.py).
+        """
+        return self.transfers is not None and self.transfers.num_sending > 0
+
     def pop_unschedulable(self) -> Request | None:
-        if not len(self.waiting):
+        if not len(self.waiting) or self.waits_on_sends():
             return None
         req = self.waiting.pop()
         self.cadence.deferred.discard(req)

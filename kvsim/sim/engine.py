@@ -319,11 +319,13 @@ class Engine:
             self._on_done(req)
         if plan.is_empty and plan.failed:
             return
-        if plan.is_empty and sched.next_wakeup_time() < math.inf:
+        wakeup = sched.next_wakeup_time()
+        if plan.is_empty and (wakeup < math.inf or getattr(sched, "waits_on_sends", bool)()):
             # Only KV transfers are pending (sched/connector.py): vLLM's engine
             # core polls with empty steps; kvsim waits for the completion (or a
-            # submit) and records no step.
-            yield from self._sleep(until=sched.next_wakeup_time())
+            # submit) and records no step. Blocks kept for a send not started
+            # yet (a P/D prefill replica, kvsim/fleet/pd.py) end with Engine.wake.
+            yield from self._sleep(until=wakeup if wakeup < math.inf else None)
             sched.update_from_output(plan, env.now)
             return
         duration = self._costs.step(plan)
