@@ -116,6 +116,8 @@ class Fleet:
         rng = np.random.default_rng([seed, ROUTER_STREAM])
         front = [k for k, i in enumerate(self.infos) if i.role in ("mixed", "prefill")]
         self._front = front
+        self._front_replicas = [self.replicas[k] for k in front]
+        self._decode_replicas = [self.replicas[k] for k, i in enumerate(self.infos) if i.role == "decode"]
         self.router = build_router(cluster.router, [self.infos[k] for k in front], rng)
         self._hash = router_needs_hashes(cluster.router)
         self._decode = [k for k, i in enumerate(self.infos) if i.role == "decode"]
@@ -133,7 +135,7 @@ class Fleet:
     def submit(self, spec: RequestSpec, arrival_time: float, index: int) -> None:
         """Route ``spec`` now and hand it to the chosen replica (the front end's target)."""
         req = route_request(spec, self.block_size, hash_blocks=self._hash)
-        k = self._front[self.router.route(req, [self.replicas[j] for j in self._front], self.env.now)]
+        k = self._front[self.router.route(req, self._front_replicas, self.env.now)]
         self.num_routed[k] += 1
         if self.disaggregated:
             # The proxy's prefill request: max_tokens 1, no samples (toy_proxy_server.py).
@@ -152,7 +154,7 @@ class Fleet:
             return
         source = self.connectors[k_prefill]
         route = route_request(spec, self.block_size, hash_blocks=self._decode_hash)
-        j = self.decode_router.route(route, [self.replicas[k] for k in self._decode], self.env.now)
+        j = self.decode_router.route(route, self._decode_replicas, self.env.now)
         k = self._decode[j]
         self.num_routed[k] += 1
         transfer = self.transfers[req.request_id] = Transfer(source.name, req.finish_time)
