@@ -94,7 +94,11 @@ class PrefillSide:
         return True
 
     def book_send(self, request_id: str, end_s: float) -> None:
-        """D reads the blocks until ``end_s`` (or gives them up: ``end_s`` = now)."""
+        """D reads the blocks until ``end_s`` (or gives them up: ``end_s`` = now).
+
+        ``Engine.wake`` ends a sleep only; an engine inside a decode run frees
+        at the run's end. Prefill replicas run max_tokens=1 requests, so they
+        have no decode runs."""
         if request_id in self._sends:
             self._sends[request_id] = end_s
             if self.engine is not None:
