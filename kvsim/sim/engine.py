@@ -319,8 +319,8 @@ class Engine:
             self._on_done(req)
         if plan.is_empty and plan.failed:
             return
-        wakeup = sched.next_wakeup_time()
-        if plan.is_empty and (wakeup < math.inf or getattr(sched, "waits_on_sends", bool)()):
+        if plan.is_empty and ((wakeup := sched.next_wakeup_time()) < math.inf
+                              or getattr(sched, "waits_on_sends", bool)()):
             # Only KV transfers are pending (sched/connector.py): vLLM's engine
             # core polls with empty steps; kvsim waits for the completion (or a
             # submit) and records no step. Blocks kept for a send not started
