@@ -25,8 +25,8 @@
 # This notebook serves the same traffic with one replica and with fleets
 # behind different routers (round robin, least loaded, SGLang's prefix-aware
 # rule, session affinity), and shows what each one trades: hit rate, time to
-# first token, and balance. The second half, disaggregated prefill and decode
-# (prefill on some GPUs, decode on others), comes when kvsim runs P/D pools.
+# first token, and balance. The last section splits prefill and decode onto
+# different GPUs (disaggregated serving).
 
 # %% tags=["parameters"]
 import os
@@ -206,3 +206,48 @@ sizes = {row["router"]: row["num_gpus"] for row in rows}
 # %%
 assert all(row["status"] == "ok" for row in rows)
 assert sizes["prefix_aware"] <= sizes["round_robin"]
+
+# %% [markdown]
+# ## 6. Disaggregated prefill and decode
+#
+# A mixed replica runs prefill chunks and decodes in the same steps, so a
+# long prompt makes every running decode wait for its chunk: the inter-token
+# latency (ITL) has a long tail. **Disaggregated** serving puts prefill on
+# some GPUs and decode on others. vLLM's way (NixlConnector behind its proxy,
+# docs/fleet.md): the proxy sends the request to a prefill replica with
+# `max_tokens=1`, which keeps the prompt's KV blocks until a decode replica
+# has pulled them over the network; the decode replica then streams every
+# token the client sees. Four GPUs, long prompts (median 6,000 tokens):
+# four mixed replicas against two prefill + two decode.
+
+# %%
+LONG = {**copy.deepcopy(BASE), "name": "pd"}
+LONG["engine"] = {"max_model_len": 16384, "max_num_batched_tokens": 2048, "max_num_seqs": 256}
+LONG["workload"] = {"num_requests": 200 if FAST else 800, "arrival": {"type": "poisson", "rate": 6.0},
+                    "prompt_len": {"type": "lognormal", "median": 6000, "sigma": 0.4, "min": 1000,
+                                   "max": 14000},
+                    "output_len": {"type": "lognormal", "median": 250, "sigma": 0.5, "min": 16, "max": 1000}}
+layouts = {
+    "4 mixed": {"replicas": 4, "router": "least_loaded"},
+    "2 P + 2 D": {"pools": [{"name": "prefill", "role": "prefill", "replicas": 2},
+                            {"name": "decode", "role": "decode", "replicas": 2}],
+                  "router": "least_loaded", "decode_router": "least_loaded", "link": "roce-400g"},
+}
+pd_rows = {}
+for label, cluster in layouts.items():
+    s = kvsim.simulate({**LONG, "cluster": cluster}).summary
+    pd_rows[label] = {k: s[k] for k in ("mean_ttft_ms", "p99_ttft_ms", "median_itl_ms", "p99_itl_ms")}
+    pd_rows[label]["mean_kv_transfer_ms"] = s.get("mean_kv_transfer_ms")
+pd_table = pd.DataFrame.from_dict(pd_rows, orient="index").round(1)
+pd_table
+
+# %% [markdown]
+# The decode replicas never run a prefill chunk, so the ITL tail collapses.
+# The time to first token pays for it: two GPUs prefill what four shared,
+# the KV moves over the link (`mean_kv_transfer_ms`), and the first token
+# comes out of one more step on the decode replica. Which wins depends on
+# the SLOs; `kvsim plan` sizes P + D fleets too (docs/plan.md).
+
+# %%
+assert pd_table.loc["2 P + 2 D", "p99_itl_ms"] < pd_table.loc["4 mixed", "p99_itl_ms"] / 2
+assert pd_table.loc["2 P + 2 D", "mean_ttft_ms"] > pd_table.loc["4 mixed", "mean_ttft_ms"]

@@ -97,11 +97,13 @@ def test_prefix_aware_routing_recovers_the_hit_rate_round_robin_loses():
         assert rate > rr + 0.2, (name, rate, rr)
 
 
-def test_disaggregated_pools_say_what_they_wait_for():
-    cluster = {"pools": [{"name": "p", "role": "prefill"}, {"name": "d", "role": "decode"}],
+def test_disaggregated_pools_run_every_request_on_a_decode_replica():
+    # The P/D flow itself: tests/test_fleet_pd.py.
+    cluster = {"pools": [{"name": "p", "role": "prefill"}, {"name": "d", "role": "decode", "replicas": 2}],
                "link": "rdma"}
-    with pytest.raises(ScenarioError, match="WAITING_FOR_REMOTE_KVS"):
-        simulate_cluster(scenario(cluster))
+    r = simulate_cluster(scenario(cluster))
+    assert r.summary["completed"] == 60 and set(r.requests["replica"]) == {"d-0", "d-1"}
+    assert [s["routed"] for s in r.per_replica.values()] == [60, 30, 30]
 
 
 def test_a_scenario_without_cluster_is_refused_by_simulate_cluster():

@@ -11,6 +11,7 @@ import yaml
 from kvsim.cli import main
 from kvsim.plan import PlanError, parse_plan, run_plan, slo_violations
 from kvsim.plan.fleet import ReplicaSearch, fleet_scenario, router_label
+from kvsim.plan.output import format_fleet_table, write_fleet_outputs
 from kvsim.scenario import load_scenario, simulate
 
 # 16 system prompts of 1,500 tokens; each replica's cache (1,500 blocks, 24k
@@ -125,8 +126,45 @@ def test_bad_fleet_plan_input_is_one_line_naming_the_key(change, message):
         parse_plan(data)
 
 
-def test_a_base_with_pools_is_refused_by_a_fleet_plan():
+def test_a_base_with_mixed_pools_is_refused_by_a_fleet_plan():
     data = plan_file()
     data["cluster"] = {"pools": [{"name": "a", "replicas": 2}]}
-    with pytest.raises(PlanError, match=r"^plan.fleet: the base scenario has cluster.pools"):
+    with pytest.raises(PlanError, match=r"^plan.fleet: the base scenario's cluster.pools must be one "
+                                        r"prefill and one decode pool"):
         parse_plan(data)
+
+
+def pd_plan_file():
+    data = copy.deepcopy(BASE)
+    data["workload"] = {"num_requests": 60, "arrival": {"type": "poisson", "rate": 4.0},
+                        "prompt_len": {"type": "lognormal", "median": 3000, "sigma": 0.3, "min": 500,
+                                       "max": 3900},
+                        "output_len": {"type": "lognormal", "median": 100, "sigma": 0.5, "min": 8, "max": 190}}
+    data["cluster"] = {"pools": [{"name": "p", "role": "prefill"}, {"name": "d", "role": "decode"}],
+                       "link": "roce-400g"}
+    data["plan"] = {"slo": {"p99_ttft_ms": 400, "p99_itl_ms": 30}, "target_rate": 12, "seeds": 1,
+                    "fleet": {"routers": ["least_loaded"], "max_replicas": 8}}
+    return data
+
+
+def test_a_pd_fleet_plan_sizes_prefill_plus_decode_trying_every_split(tmp_path):
+    plan = parse_plan(pd_plan_file())
+    assert plan.fleet.pd and plan.fleet.start_replicas == 2
+    (row,) = run_plan(plan, workers=1, out_dir=tmp_path)
+    assert row["status"] == "ok", row["detail"]
+    n, p = row["replicas"], row["prefill_replicas"]
+    assert p + row["decode_replicas"] == n and row["num_gpus"] == n
+    cand = plan.candidates[0]
+
+    def summary(size, split):
+        return simulate(load_scenario(fleet_scenario(plan.base, cand, "least_loaded", size, 12, 0,
+                                                     prefill=split))).summary
+    assert not slo_violations(summary(n, p), plan.slo_ms)
+    assert row["fails_at_replicas"] == n - 1
+    for split in range(1, n - 1):          # no split of one replica fewer meets the SLOs
+        assert slo_violations(summary(n - 1, split), plan.slo_ms), split
+    write_fleet_outputs([row], plan, tmp_path)
+    assert f"{p}P+{n - p}D" in format_fleet_table([row], plan)
+    run = yaml.safe_load((tmp_path / "runs" / "h100-sxm_tp1_least_loaded.yaml").read_text())
+    assert [pool["replicas"] for pool in run["cluster"]["pools"]] == [p, n - p]
+    assert run["cluster"]["link"] == "roce-400g"

@@ -86,6 +86,8 @@ def load_link(spec: str | Mapping[str, Any] | LinkSpec) -> LinkSpec:
     """A :class:`LinkSpec` from a catalog name or alias, or a mapping of its fields."""
     if isinstance(spec, LinkSpec):
         return spec
+    if hasattr(spec, "model_dump"):              # a cluster.link mapping, validated (config.py)
+        spec = spec.model_dump()
     if isinstance(spec, str):
         entry = link_entry(spec)
         return LinkSpec(entry["name"], float(entry["bandwidth_gbps"]), float(entry["latency_s"]),

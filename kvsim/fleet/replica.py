@@ -50,9 +50,9 @@ def _no_horizon() -> float:
 def make_replica(env: simpy.Environment, name: str, pool: PoolPlan, *,
                  on_done: Callable[[Request], None], more_input: Callable[[], bool],
                  fast_path: bool = True, trace: Callable[[dict], None] | None = None,
-                 progress: Callable[[float, int], None] | None = None) -> Engine:
-    """A replica of ``pool`` named ``name`` in ``env`` (not started)."""
+                 progress: Callable[[float, int], None] | None = None, connector=None) -> Engine:
+    """A replica of ``pool`` named ``name`` in ``env`` (not started); ``connector``: P/D (pd.py)."""
     return make_engine(pool.sched_config, scheduler=pool.scheduler, cost_model=pool.cost_model,
                        env=env, name=name, fast_path=fast_path, on_done=on_done,
                        more_input=more_input, next_input_time=_no_horizon, trace=trace,
-                       progress=progress)
+                       progress=progress, connector=connector)

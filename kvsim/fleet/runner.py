@@ -18,15 +18,20 @@ never talk to each other.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 import simpy
 
 from kvsim.fleet.config import ClusterConfig
+from kvsim.fleet.links import LinkPorts, load_link
+from kvsim.fleet.pd import DecodeSide, PrefillSide, Transfer
 from kvsim.fleet.replica import PoolPlan, make_replica
+from kvsim.fleet.config import RoundRobinRouter
 from kvsim.fleet.routers import Router, build_router
 from kvsim.fleet.state import ReplicaInfo, route_request
+from kvsim.sched.request import RequestStatus
 from kvsim.sim.engine import Engine
 from kvsim.sim.frontend import Frontend
 from kvsim.workload.request import RequestSpec
@@ -62,56 +67,115 @@ class FleetRun:
     pools: list[PoolPlan]
     router: Router
     num_routed: list[int]
+    transfers: dict[str, Transfer] | None = None   # P/D: request id -> its KV move
+    prefill_failed: list | None = None              # P/D: requests that failed on a prefill replica
 
 
 class Fleet:
-    """Replicas of mixed pools behind one router (P/D pools: docs/fleet.md, not yet run)."""
+    """Replicas behind one router; with prefill/decode pools, the P/D flow of kvsim/fleet/pd.py.
+
+    P/D: ``cluster.router`` picks the prefill replica at arrival; the request
+    runs there with ``max_tokens=1``; when it finishes, ``decode_router``
+    (round robin by default, as vLLM's toy proxy) picks the decode replica,
+    which gets the original request and pulls the KV through its connector.
+    """
 
     def __init__(self, pools: Sequence[PoolPlan], cluster: ClusterConfig, *, seed: int,
                  env: simpy.Environment | None = None, fast_path: bool = True,
                  trace: Callable[[dict], None] | None = None,
                  progress: Callable[[float, int], None] | None = None) -> None:
-        if any(p.role != "mixed" for p in pools):
-            raise NotImplementedError(
-                "cluster.pools: prefill/decode pools need the engine's remote-KV admission "
-                "(WAITING_FOR_REMOTE_KVS) and held prefill blocks, not in the engine yet; "
-                "see docs/fleet.md")
         self.env = env if env is not None else simpy.Environment(initial_time=0.0)
         self.frontend: Frontend | None = None
         self.replicas: list[Engine] = []
         self.infos: list[ReplicaInfo] = []
         self.pools = list(pools)
         self._progress = progress
+        self.disaggregated = any(p.role != "mixed" for p in pools)
+        link = load_link(cluster.link) if self.disaggregated else None
+        ports = LinkPorts()
+        self.connectors: list[PrefillSide | DecodeSide | None] = []
         for pool in pools:
             for k in range(pool.replicas):
                 name = f"{pool.name}-{k}"
-                self.replicas.append(make_replica(
-                    self.env, name, pool, on_done=self._on_done, more_input=self._more_input,
+                conn = (PrefillSide(name, pool) if pool.role == "prefill" else
+                        DecodeSide(name, pool, link, ports) if pool.role == "decode" else None)
+                on_done = (self._on_done if pool.role == "mixed" else
+                           partial(self._on_prefill_done, len(self.replicas))
+                           if pool.role == "prefill" else partial(self._on_decode_done, len(self.replicas)))
+                engine = make_replica(
+                    self.env, name, pool, on_done=on_done, more_input=self._more_input,
                     fast_path=fast_path, trace=_named_trace(trace, name),
-                    progress=self._report if progress is not None else None))
+                    progress=self._report if progress is not None else None, connector=conn)
+                if isinstance(conn, PrefillSide):
+                    conn.engine = engine
+                self.replicas.append(engine)
+                self.connectors.append(conn)
                 self.infos.append(ReplicaInfo(name, pool.name, pool.role, pool.sched_config.block_size,
                                               pool.sched_config.num_gpu_blocks - 1))
         self.block_size = self.infos[0].block_size
-        self.router = build_router(cluster.router, self.infos, np.random.default_rng([seed, ROUTER_STREAM]))
+        rng = np.random.default_rng([seed, ROUTER_STREAM])
+        front = [k for k, i in enumerate(self.infos) if i.role in ("mixed", "prefill")]
+        self._front = front
+        self._front_replicas = [self.replicas[k] for k in front]
+        self._decode_replicas = [self.replicas[k] for k, i in enumerate(self.infos) if i.role == "decode"]
+        self.router = build_router(cluster.router, [self.infos[k] for k in front], rng)
         self._hash = router_needs_hashes(cluster.router)
+        self._decode = [k for k, i in enumerate(self.infos) if i.role == "decode"]
+        self.decode_router = None
+        if self._decode:
+            dcfg = cluster.decode_router or RoundRobinRouter(policy="round_robin")
+            self.decode_router = build_router(dcfg, [self.infos[k] for k in self._decode], rng)
+            self._decode_hash = router_needs_hashes(dcfg)
         self.num_routed = [0] * len(self.replicas)
+        self.transfers: dict[str, Transfer] = {}
+        self.prefill_failed: list = []
+        self._specs: dict[str, tuple[RequestSpec, int]] = {}   # in prefill: spec, index
+        self._in_prefill = 0
 
     def submit(self, spec: RequestSpec, arrival_time: float, index: int) -> None:
         """Route ``spec`` now and hand it to the chosen replica (the front end's target)."""
         req = route_request(spec, self.block_size, hash_blocks=self._hash)
-        k = self.router.route(req, self.replicas, self.env.now)
+        k = self._front[self.router.route(req, self._front_replicas, self.env.now)]
         self.num_routed[k] += 1
+        if self.disaggregated:
+            # The proxy's prefill request: max_tokens 1, no samples (toy_proxy_server.py).
+            self._specs[spec.request_id] = (spec, index)
+            self._in_prefill += 1
+            spec = replace(spec, max_tokens=1, output_token_ids=None, n=1)
         self.replicas[k].submit(spec, arrival_time, index)
+
+    def _on_prefill_done(self, k_prefill: int, req) -> None:
+        """P finished (its one token is the proxy's, dropped): send the request to a decode replica."""
+        spec, index = self._specs.pop(req.request_id)
+        self._in_prefill -= 1
+        if req.status is RequestStatus.FAILED:
+            self.prefill_failed.append(req)        # the proxy's prefill call fails: so does the request
+            self._on_done(req)
+            return
+        source = self.connectors[k_prefill]
+        route = route_request(spec, self.block_size, hash_blocks=self._decode_hash)
+        j = self.decode_router.route(route, self._decode_replicas, self.env.now)
+        k = self._decode[j]
+        self.num_routed[k] += 1
+        transfer = self.transfers[req.request_id] = Transfer(source.name, req.finish_time)
+        self.connectors[k].expect(req.request_id, source, transfer)
+        self.replicas[k].submit(spec, req.arrival_time, index)   # the client's arrival
+
+    def _on_decode_done(self, k_decode: int, req) -> None:
+        self.connectors[k_decode].release(req.request_id)   # refused or failed before pulling: P frees
+        self._on_done(req)
 
     def _on_done(self, req) -> None:
         self.frontend.on_done(req.request_id, req.finish_time)
 
     def _more_input(self) -> bool:
-        return self.frontend.has_more_input()
+        return self.frontend.has_more_input() or self._in_prefill > 0
 
     def _report(self, now_s: float, _num_done: int) -> None:
-        # Each replica calls this every 256 of its steps; the count is the fleet's.
-        self._progress(now_s, sum(r.num_done for r in self.replicas))
+        # Each replica calls this every 256 of its steps; the count is the fleet's
+        # (P/D: a request is done on its decode replica, or failed on its prefill one).
+        done = sum(r.num_done for r, i in zip(self.replicas, self.infos) if i.role != "prefill")
+        self._progress(now_s, done + len(self.prefill_failed))
 
     def run(self, specs: Iterable[RequestSpec], *, concurrency: int | None = None) -> FleetRun:
         self.frontend = Frontend(self.env, specs, self.submit, concurrency=concurrency)
@@ -122,4 +186,7 @@ class Fleet:
         for replica in self.replicas:
             replica.close()
         self.frontend.check_all_sent()
-        return FleetRun(self.replicas, self.infos, self.pools, self.router, self.num_routed)
+        if not self.disaggregated:
+            return FleetRun(self.replicas, self.infos, self.pools, self.router, self.num_routed)
+        return FleetRun(self.replicas, self.infos, self.pools, self.router, self.num_routed,
+                        transfers=self.transfers, prefill_failed=self.prefill_failed)

@@ -17,7 +17,11 @@ every seed meets the SLOs::
 A probe is one N with every seed (its seeds run at the same time); it meets
 the SLOs when every seed does. Probes run on the executor of ``kvsim sweep``
 and are logged to ``OUT/probes.jsonl`` like a rate plan's (resume).
-Prefill/decode pools (P + D) are planned the same way once they run.
+With a prefill and a decode pool in the base scenario (``cluster.pools``,
+kvsim/fleet/pd.py) the size is P + D: a probe at size N runs every split
+P = 1 .. N-1 (every seed each) and meets the SLOs when one split does on
+every seed; the row gives that split (the best one by SLO attainment, ties
+to fewer prefill replicas) and GPUs = N x TP.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from kvsim.scenario.executor import RunPoint, Task, execute
 FLEET_COLUMNS = ["candidate", "gpu", "tp", "kv_cache_dtype", "max_num_batched_tokens", "max_num_seqs",
                  "router", "status", "replicas", "num_gpus", "target_rate_req_s", "num_seeds",
                  "prefix_cache_hit_rate", "slo_attainment", "imbalance_routed", "fails_at_replicas",
-                 "binding", "detail", "num_probes"]
+                 "binding", "detail", "num_probes", "prefill_replicas", "decode_replicas"]
 
 
 def router_label(router) -> str:
@@ -51,12 +55,24 @@ def router_label(router) -> str:
     return f"{router['policy']}({text})"
 
 
-def fleet_scenario(base: dict, cand: Candidate, router, replicas: int, rate: float, seed: int) -> dict:
-    """The base scenario as ``replicas`` copies of ``cand`` behind ``router``, at ``rate``."""
+def fleet_scenario(base: dict, cand: Candidate, router, replicas: int, rate: float, seed: int,
+                   prefill: int | None = None) -> dict:
+    """The base scenario as ``replicas`` copies of ``cand`` behind ``router``, at ``rate``;
+    with ``prefill``, its prefill pool gets ``prefill`` of them and its decode pool the rest."""
     sc = with_rate(cand.apply(base), rate, seed)
-    cluster = {k: v for k, v in (sc.get("cluster") or {}).items() if k not in ("pools", "router")}
-    sc["cluster"] = {**cluster, "replicas": replicas, "router": copy.deepcopy(router)}
+    cluster = {k: v for k, v in (sc.get("cluster") or {}).items() if k not in ("pools", "router", "replicas")}
+    if prefill is None:
+        sc["cluster"] = {**cluster, "replicas": replicas, "router": copy.deepcopy(router)}
+        return sc
+    pools = [{**p, "replicas": prefill if p.get("role") == "prefill" else replicas - prefill}
+             for p in copy.deepcopy(base["cluster"]["pools"])]
+    sc["cluster"] = {**cluster, "pools": pools, "router": copy.deepcopy(router)}
     return sc
+
+
+def splits(spec: FleetSpec, size: int) -> list[int | None]:
+    """The prefill sizes a probe at ``size`` tries: every P of P + D = size, or None (mixed)."""
+    return list(range(1, size)) if spec.pd else [None]
 
 
 @dataclass
@@ -65,6 +81,7 @@ class ReplicaSearch:
 
     start: int
     maximum: int
+    minimum: int = 1
     missed: int | None = None       # largest size that missed
     met: int | None = None          # smallest size that met
     probes: list[tuple[int, bool]] = field(default_factory=list)
@@ -75,7 +92,7 @@ class ReplicaSearch:
         if self.met is None:                              # only misses: grow
             return None if self.missed >= self.maximum else min(2 * self.missed, self.maximum)
         if self.missed is None:                           # only hits: shrink
-            return None if self.met == 1 else max(self.met // 2, 1)
+            return None if self.met <= self.minimum else max(self.met // 2, self.minimum)
         if self.met - self.missed <= 1:
             return None
         return (self.missed + self.met) // 2
@@ -97,7 +114,7 @@ class _FleetJob:
     candidate: int
     router_index: int
     search: ReplicaSearch
-    results: dict[int, dict[int, dict]] = field(default_factory=dict)   # size -> seed -> summary
+    results: dict[tuple, dict[int, dict]] = field(default_factory=dict)  # (size, P) -> seed -> summary
     error: str = ""
 
 
@@ -115,58 +132,61 @@ def run_fleet_plan(plan, *, workers: int | None = None, progress: Callable[[int]
                 rows[i, j] = _row(plan, cand, router, status="does not fit" if "model/hardware" in problem
                                   else "invalid", detail=problem)
             else:
-                jobs.append(_FleetJob(i, j, ReplicaSearch(spec.start_replicas, spec.max_replicas)))
+                jobs.append(_FleetJob(i, j, ReplicaSearch(spec.start_replicas, spec.max_replicas,
+                                                          minimum=2 if spec.pd else 1)))
     runner = functools.partial(probe, base_dir=plan.base_dir)
     counts = {"probes": 0, "reused": 0}
 
-    def scenario_of(job: _FleetJob, size: int, seed: int) -> dict:
+    def scenario_of(job: _FleetJob, size: int, split, seed: int) -> dict:
         return fleet_scenario(plan.base, plan.candidates[job.candidate], spec.routers[job.router_index],
-                              size, plan.target_rate_req_s, seed)
+                              size, plan.target_rate_req_s, seed, prefill=split)
 
-    def label(job: _FleetJob, size: int) -> Candidate:
+    def label(job: _FleetJob, size: int, split) -> Candidate:
         cand = plan.candidates[job.candidate]
-        return replace(cand, label=f"{cand.label} {router_label(spec.routers[job.router_index])} x{size}")
+        shape = f"x{size}" if split is None else f"{split}P+{size - split}D"
+        return replace(cand, label=f"{cand.label} {router_label(spec.routers[job.router_index])} {shape}")
 
     with _ProbeLog(out_dir, plan, probe, log) as probes:
-        def record(job: _FleetJob, size: int, seed: int, result: dict) -> list[Task]:
+        def record(job: _FleetJob, size: int, split, seed: int, result: dict) -> list[Task]:
             counts["probes"] += 1
             if progress:
                 progress(counts["probes"])
             if result.get("summary") is None:
-                job.error = f"the probe with {_replicas(size)} (seed {seed}) raised {result.get('error')}"
+                shape = _replicas(size) if split is None else f"{split} P + {size - split} D"
+                job.error = f"the probe with {shape} (seed {seed}) raised {result.get('error')}"
                 return []
-            done = job.results.setdefault(size, {})
-            done[seed] = result["summary"]
-            if len(done) < len(plan.seeds):
-                return []                                # the other seeds of this size are in flight
-            ok = all(not slo_violations(s, plan.slo_ms) for s in done.values())
+            job.results.setdefault((size, split), {})[seed] = result["summary"]
+            if any(len(job.results.get((size, p), {})) < len(plan.seeds) for p in splits(spec, size)):
+                return []                                # other seeds or splits of this size are in flight
+            ok = _best_split(plan, job, size)[1]
             job.search.record(size, ok)
             return advance(job)
 
         def advance(job: _FleetJob) -> list[Task]:
-            """The next size's probes (one task per seed not logged yet)."""
+            """The next size's probes (one task per split and seed not logged yet)."""
             if job.error:
                 return []
             size = job.search.next_size()
             if size is None:
                 return []
             tasks = []
-            for seed in plan.seeds:
-                scenario = scenario_of(job, size, seed)
-                probe_id, logged = probes.lookup(scenario)
-                if logged is None:
-                    tasks.append(Task((job, size, seed, probe_id), scenario))
-                else:
-                    counts["reused"] += 1
-                    more = record(job, size, seed, logged)
-                    if more:                              # every seed was logged: the search moved on
-                        return more
+            for split in splits(spec, size):
+                for seed in plan.seeds:
+                    scenario = scenario_of(job, size, split, seed)
+                    probe_id, logged = probes.lookup(scenario)
+                    if logged is None:
+                        tasks.append(Task((job, size, split, seed, probe_id), scenario))
+                    else:
+                        counts["reused"] += 1
+                        more = record(job, size, split, seed, logged)
+                        if more:                          # every probe was logged: the search moved on
+                            return more
             return tasks
 
         def on_done(task: Task, result: dict) -> list[Task]:
-            job, size, seed, probe_id = task.key
-            probes.append(probe_id, label(job, size), seed, plan.target_rate_req_s, result)
-            return record(job, size, seed, result)
+            job, size, split, seed, probe_id = task.key
+            probes.append(probe_id, label(job, size, split), seed, plan.target_rate_req_s, result)
+            return record(job, size, split, seed, result)
 
         first = [task for job in jobs for task in advance(job)]
         execute(first, runner, on_done, executor=executor, workers=workers or plan.workers, address=address)
@@ -196,16 +216,17 @@ def _aggregate(plan, job: _FleetJob) -> dict:
     if job.error:
         return _row(plan, cand, router, status="error", detail=job.error, num_probes=num_probes)
     if search.met is None:
-        worst = _worst_seed(plan, job.results[search.missed])
+        worst = _worst_seed(plan, _best_split(plan, job, search.missed)[2])
         missed = slo_violations(worst, plan.slo_ms)
         return _row(plan, cand, router, status="unreachable", num_probes=num_probes,
                     fails_at_replicas=search.missed,
                     detail=f"SLOs missed even with {_replicas(search.missed)}: {'; '.join(missed)}")
-    at = list(job.results[search.met].values())
+    split, _, by_seed = _best_split(plan, job, search.met)
+    at = list(by_seed.values())
     values = {key: _extreme(at, key, max) for key in plan.slo_ms}     # the worst seed's
     binding = detail = None
     if search.missed is not None:
-        worst = _worst_seed(plan, job.results[search.missed])
+        worst = _worst_seed(plan, _best_split(plan, job, search.missed)[2])
         binding, why = binding_constraint(worst, slo_violations(worst, plan.slo_ms))
         detail = f"with {_replicas(search.missed)}: {why}"
     else:
@@ -215,7 +236,21 @@ def _aggregate(plan, job: _FleetJob) -> dict:
                 slo_attainment=_extreme(at, "slo_attainment", min),
                 imbalance_routed=_extreme(at, "imbalance_routed", max),
                 fails_at_replicas=search.missed, binding=binding, detail=detail, num_probes=num_probes,
+                prefill_replicas=split, decode_replicas=None if split is None else search.met - split,
                 **values)
+
+
+def _best_split(plan, job: _FleetJob, size: int) -> tuple:
+    """(P, met on every seed?, seed -> summary) of the best split probed at ``size``: one that
+    meets the SLOs on every seed with the highest worst-seed attainment (ties: fewer P), else
+    the one with the fewest missed SLOs on its worst seed."""
+    def key(p):
+        by_seed = job.results[size, p]
+        missed = max(len(slo_violations(s, plan.slo_ms)) for s in by_seed.values())
+        return (missed, -_extreme(list(by_seed.values()), "slo_attainment", min), p or 0)
+    best = min((p for p in splits(plan.fleet, size) if (size, p) in job.results), key=key)
+    by_seed = job.results[size, best]
+    return best, all(not slo_violations(s, plan.slo_ms) for s in by_seed.values()), by_seed
 
 
 def _worst_seed(plan, by_seed: dict[int, dict]) -> dict:

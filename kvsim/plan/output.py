@@ -98,7 +98,9 @@ def format_fleet_table(rows: list[dict], plan) -> str:
         if r["status"] == "ok":
             hit = "-" if r["prefix_cache_hit_rate"] != r["prefix_cache_hit_rate"] else \
                 f"{100 * r['prefix_cache_hit_rate']:.1f}%"
-            lines.append(f"{r['candidate']:<24} {r['router']:<20} {r['replicas']:>8} {r['num_gpus']:>5} "
+            size = r["replicas"] if r.get("prefill_replicas") is None else \
+                f"{r['prefill_replicas']}P+{r['decode_replicas']}D"        # prefill + decode pools
+            lines.append(f"{r['candidate']:<24} {r['router']:<20} {size:>8} {r['num_gpus']:>5} "
                          f"{hit:>8} {r['imbalance_routed']:>6.2f}  {r['binding']}: {r['detail']}")
         else:
             lines.append(f"{r['candidate']:<24} {r['router']:<20} {r['status'].upper()}: {r['detail']}")
@@ -125,7 +127,7 @@ def write_fleet_outputs(rows: list[dict], plan, out_dir) -> None:
         cand = next(c for c in plan.candidates if c.label == row["candidate"])
         router = next(r for r in plan.fleet.routers if router_label(r) == row["router"])
         scenario = fleet_scenario(plan.base, cand, router, row["replicas"], plan.target_rate_req_s,
-                                  plan.seeds[0])
+                                  plan.seeds[0], prefill=row.get("prefill_replicas"))
         scenario["name"] = f"{plan.base.get('name', 'plan')} {cand.label} {row['router']}"
         if "workload" in scenario:
             scenario["workload"] = _absolute_paths(scenario["workload"], plan.base_dir)

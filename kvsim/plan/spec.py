@@ -69,6 +69,7 @@ class FleetSpec:
     routers: tuple                  # router configs, as cluster.router takes them
     max_replicas: int = 64
     start_replicas: int = 1
+    pd: bool = False                # the base has a prefill and a decode pool: size P + D
 
 
 def parse_fleet(section, base: Mapping) -> FleetSpec:
@@ -83,9 +84,15 @@ def parse_fleet(section, base: Mapping) -> FleetSpec:
         if key not in FLEET_KEYS:
             raise PlanError(f"plan.fleet.{key}: unknown key; allowed: {', '.join(FLEET_KEYS)}")
     cluster = base.get("cluster") or {}
-    if isinstance(cluster, Mapping) and cluster.get("pools") is not None:
-        raise PlanError("plan.fleet: the base scenario has cluster.pools; a fleet plan sizes identical "
-                        "replicas (cluster.replicas); prefill/decode pools are planned once they run")
+    pd = isinstance(cluster, Mapping) and cluster.get("pools") is not None
+    if pd:
+        pools = cluster["pools"]
+        roles = sorted(p.get("role", "mixed") for p in pools) if isinstance(pools, list) and all(
+            isinstance(p, Mapping) for p in pools) else None
+        if roles != ["decode", "prefill"] or any("hardware" in p for p in pools):
+            raise PlanError("plan.fleet: the base scenario's cluster.pools must be one prefill and one "
+                            "decode pool without their own hardware (a fleet plan sizes P + D replicas "
+                            "of the candidate's GPU x TP), or use cluster.replicas")
     routers = section.get("routers", [cluster.get("router", "round_robin")]
                           if isinstance(cluster, Mapping) else ["round_robin"])
     if not isinstance(routers, list) or not routers:
@@ -103,10 +110,12 @@ def parse_fleet(section, base: Mapping) -> FleetSpec:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise PlanError(f"plan.fleet.{key}: got {value!r}; expected an integer >= 1")
         sizes[key] = value
+    if pd:                                     # one prefill and one decode replica at least
+        sizes = {k: max(v, 2) for k, v in sizes.items()}
     if sizes["start_replicas"] > sizes["max_replicas"]:
         raise PlanError(f"plan.fleet: start_replicas {sizes['start_replicas']} > max_replicas "
                         f"{sizes['max_replicas']}")
-    return FleetSpec(tuple(routers), **sizes)
+    return FleetSpec(tuple(routers), **sizes, pd=pd)
 
 
 @dataclass(frozen=True)

@@ -124,10 +124,9 @@ def simulate_cluster(scenario, *, overrides=None, fast_path: bool = True, trace=
 
         def hook(now_s: float, num_done: int) -> None:
             progress(now_s, num_done, total)
-    try:
-        fleet = Fleet(plans, cluster, seed=sc.seed, fast_path=fast_path, trace=trace, progress=hook)
-    except NotImplementedError as exc:
-        raise ScenarioError(str(exc)) from None
+    if cluster.disaggregated:
+        _check_pd(sc, plans)
+    fleet = Fleet(plans, cluster, seed=sc.seed, fast_path=fast_path, trace=trace, progress=hook)
     run = fleet.run(workload.requests(), concurrency=workload.concurrency)
     return collect_fleet(run, sc, cluster)
 
@@ -153,19 +152,36 @@ def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig) -> 
                              num_gpu_blocks=sum(run.infos[k].num_usable_blocks + 1 for k in indices),
                              routed=[run.num_routed[k] for k in indices], slo=slo)
 
-    requests = _by_arrival(pd.concat(frames, ignore_index=True))
     everyone = list(range(len(run.replicas)))
-    fleet = group(everyone, requests)
+    if run.transfers is not None:
+        # P/D: the client's requests are the decode replicas' (every token the
+        # client sees is D's: kvsim/fleet/pd.py), and those that failed on P.
+        clients = [k for k, i in enumerate(run.infos) if i.role == "decode"]
+        failed = requests_frame(run.prefill_failed).assign(replica=None)
+        requests = _pd_columns(_by_arrival(pd.concat([*(frames[k] for k in clients), failed],
+                                                     ignore_index=True)), run.transfers)
+    else:
+        clients = everyone
+        requests = _by_arrival(pd.concat(frames, ignore_index=True))
+    fleet = group(clients, requests)
     per_pool = {}
     for pool in dict.fromkeys(i.pool for i in run.infos):
         members = [k for k, i in enumerate(run.infos) if i.pool == pool]
-        if members == everyone:                   # one pool: its summary is the fleet's
+        if members == clients:                    # the client's pool: its summary is the fleet's
             numbers = fleet
         else:
             numbers = group(members, _by_arrival(pd.concat([frames[k] for k in members], ignore_index=True)))
         per_pool[pool] = {"role": run.infos[members[0]].role, "replicas": len(members), **numbers}
     summary = {"scenario": sc.name, "scheduler": sc.scheduler, "num_replicas": len(run.replicas),
                "router": cluster.router.policy, **fleet}
+    if run.transfers is not None:
+        # A decode replica counts the pulled tokens as computed when it admits
+        # (vLLM's num_cached_tokens does too): the fleet's hit rate is the
+        # prefill pools', where prompts meet the prefix cache.
+        prefill = [k for k, i in enumerate(run.infos) if i.role == "prefill"]
+        p_requests = _by_arrival(pd.concat([frames[k] for k in prefill], ignore_index=True))
+        summary["prefix_cache_hit_rate"] = group(prefill, p_requests)["prefix_cache_hit_rate"]
+        summary.update(_pd_summary(requests))
     steps = pd.concat([s.assign(replica=i.name) for s, i in zip(step_frames, run.infos)],
                       ignore_index=True)
     itl = np.concatenate(itls) if itls else np.zeros(0)
@@ -184,6 +200,43 @@ def fleet_stats(run: FleetRun) -> EngineStats:
                        num_run_steps=sum(e.num_run_steps for e in each),
                        num_runs=sum(e.num_runs for e in each),
                        num_arrived=sum(e.num_arrived for e in each), scheduler={})
+
+
+def _check_pd(sc: LoadedScenario, plans: list[PoolPlan]) -> None:
+    """What P/D serving does not model yet, refused in one line naming the key."""
+    if sc.workload.n > 1:
+        raise ScenarioError(f"workload.n: {sc.workload.n} parallel samples with prefill/decode pools are "
+                            f"not modelled (one KV pull per request); use n: 1 or mixed pools")
+    for i, p in enumerate(plans):
+        if p.scheduler != "chunked":
+            raise ScenarioError(f"cluster.pools[{i}].engine.scheduler: {p.scheduler!r}; prefill/decode "
+                                f"pools need the KV connector of the chunked scheduler")
+        if p.sched_config.async_scheduling:
+            raise ScenarioError(f"cluster.pools[{i}].engine.async_scheduling: true with prefill/decode "
+                                f"pools is not modelled yet; set it false")
+
+
+def _pd_columns(requests: pd.DataFrame, transfers: dict) -> pd.DataFrame:
+    """requests.csv's P/D columns: where the prompt was prefilled and when its KV moved."""
+    t = [transfers.get(rid) for rid in requests["request_id"]]
+    nan = float("nan")
+    return requests.assign(
+        prefill_replica=[x.prefill_replica if x else None for x in t],
+        prefill_done_s=[x.prefill_done_s if x else nan for x in t],
+        kv_transfer_start_s=[x.start_s if x else nan for x in t],
+        kv_transfer_end_s=[x.end_s if x else nan for x in t],
+        kv_transfer_blocks=[x.num_blocks if x else 0 for x in t])
+
+
+def _pd_summary(requests: pd.DataFrame) -> dict:
+    """Means of the P/D pieces of TTFT over completed requests (seconds)."""
+    done = requests[requests["status"] == "completed"]
+    if done.empty:
+        return {"mean_prefill_done_ms": None, "mean_kv_transfer_ms": None, "kv_transfer_blocks": 0}
+    wait = done["kv_transfer_end_s"] - done["kv_transfer_start_s"]
+    return {"mean_prefill_done_ms": float((done["prefill_done_s"] - done["arrival_time_s"]).mean() * 1e3),
+            "mean_kv_transfer_ms": float(wait.mean() * 1e3),
+            "kv_transfer_blocks": int(done["kv_transfer_blocks"].sum())}
 
 
 def _by_arrival(requests: pd.DataFrame) -> pd.DataFrame:

@@ -64,7 +64,7 @@ class ChunkedScheduler(ChunkedDecodeRuns, AsyncFinishing, PagedScheduler):
     def has_requests(self) -> bool:
         t = self.transfers
         return (bool(self.running) or bool(len(self.waiting))
-                or (t is not None and bool(len(t) or t.num_sending)))
+                or (t is not None and bool(len(t) or t.sends_keep_engine_busy())))
 
     def get_request_counts(self) -> tuple[int, int]:
         # vLLM's stats come after the step's outputs: a finished request is gone.
@@ -158,8 +158,17 @@ class ChunkedScheduler(ChunkedDecodeRuns, AsyncFinishing, PagedScheduler):
             return float("inf")
         return self.transfers.connector.next_transfer_done_time()
 
+    def waits_on_sends(self) -> bool:
+        """Finished requests keep blocks for a reader (sched/connector.py): they come back.
+
+        An engine with nothing to run then waits (vLLM's engine polls the
+        connector) instead of failing the waiting head (``pop_unschedulable``);
+        kvsim sleeps until a send ends or the connector wakes it (kvsim/fleet/pd.py).
+        """
+        return self.transfers is not None and self.transfers.num_sending > 0
+
     def pop_unschedulable(self) -> Request | None:
-        if not len(self.waiting):
+        if not len(self.waiting) or self.waits_on_sends():
             return None
         req = self.waiting.pop()
         self.cadence.deferred.discard(req)

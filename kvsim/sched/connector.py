@@ -97,6 +97,19 @@ class KVTransfers:
     def num_sending(self) -> int:
         return len(self._sending)
 
+    def sends_keep_engine_busy(self) -> bool:
+        """Whether kept blocks keep the engine loop going: only while a send's end is known.
+
+        vLLM's ``Scheduler.has_requests`` does not count pull-mode sends at all
+        (``has_pending_push_work`` is push mode only): an idle NIXL prefill
+        instance waits for new work. kvsim sleeps until a known send ends
+        (its blocks are freed on time); a send whose reader has not started
+        yet (``next_transfer_done_time`` inf: kvsim/fleet/pd.py books it when
+        the decode replica pulls) leaves the engine idle, and the connector
+        wakes it (``Engine.wake``) once booked.
+        """
+        return bool(self._sending) and self.connector.next_transfer_done_time() < float("inf")
+
     def start_load(self, req: Request, num_computed_tokens: int) -> None:
         """The request waits for its KV (vLLM: WAITING_FOR_REMOTE_KVS, num_computed set now)."""
         req.status = RequestStatus.WAITING_FOR_REMOTE_KVS

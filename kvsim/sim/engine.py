@@ -161,6 +161,16 @@ class Engine(EngineRecords):
         if self._in_flight is not None:
             self._cut_run()
 
+    def wake(self) -> None:
+        """End a sleep: something outside this engine changed when it next has work.
+
+        A fleet's decode replica started pulling a finished prefill's KV
+        (kvsim/fleet/pd.py), so this prefill replica now knows when to free
+        those blocks (sched/connector.py ``sends_keep_engine_busy``).
+        """
+        if self._wake is not None and not self._wake.triggered:
+            self._wake.succeed()
+
     def close(self) -> None:
         """The simulation is over: hand what is left to the sink."""
         if self.sink is not None:
@@ -283,11 +293,13 @@ class Engine(EngineRecords):
             self._on_done(req)
         if plan.is_empty and plan.failed:
             return
-        if plan.is_empty and sched.next_wakeup_time() < math.inf:
+        if plan.is_empty and ((wakeup := sched.next_wakeup_time()) < math.inf
+                              or getattr(sched, "waits_on_sends", bool)()):
             # Only KV transfers are pending (sched/connector.py): vLLM's engine
             # core polls with empty steps; kvsim waits for the completion (or a
-            # submit) and records no step.
-            yield from self._sleep(until=sched.next_wakeup_time())
+            # submit) and records no step. Blocks kept for a send not started
+            # yet (a P/D prefill replica, kvsim/fleet/pd.py) end with Engine.wake.
+            yield from self._sleep(until=wakeup if wakeup < math.inf else None)
             sched.update_from_output(plan, env.now)
             return
         duration = self._costs.step(plan)
