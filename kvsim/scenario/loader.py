@@ -259,7 +259,9 @@ def _speculative_config(eng, seed: int, base: Path, max_num_batched_tokens: int)
         _named(f"{where}.model", load_model, model, base)
     if "acceptance" not in value:
         raise ScenarioError(f"{where}.acceptance: missing; how many drafts are accepted is an "
-                            f"input: {{rate: 0.7}}, {{per_position: [...]}} or {{trace: FILE}}")
+                            f"input: {{rate: 0.7}}, {{per_position: [...]}} or {{trace: FILE}} (from "
+                            f"vllm serve flags: synthetic_acceptance_rates, or --set "
+                            f"engine.speculative_config.acceptance.rate=0.7)")
     try:
         acceptance = acceptance_from_config(value["acceptance"], k, seed, base)
     except ValueError as exc:
