@@ -29,13 +29,14 @@ def error(text):
 
 
 ENGINE_TIME = ("async_scheduling", "stream_interval", "enforce_eager", "cudagraph_capture_sizes",
-               "speculative_config", "spec_method", "spec_model", "spec_tokens")
+               "max_cudagraph_capture_size", "speculative_config", "spec_method", "spec_model",
+               "spec_tokens")
 
 
 def test_the_engine_time_flags_are_supported_not_planned():
     for dest in ENGINE_TIME:
         assert dest in serve_table.SUPPORTED and dest not in serve_table.PLANNED, dest
-    assert "max_cudagraph_capture_size" in serve_table.PLANNED
+    assert "compilation_config" in serve_table.PLANNED
 
 
 def test_each_flag_sets_its_key():
@@ -43,6 +44,7 @@ def test_each_flag_sets_its_key():
                  "--cudagraph-capture-sizes 1 2 8") == {
         "engine.async_scheduling": True, "engine.stream_interval": 4, "engine.enforce_eager": True,
         "engine.cudagraph_capture_sizes": [1, 2, 8]}
+    assert serve("--max-cudagraph-capture-size 64") == {"engine.max_cudagraph_capture_size": 64}
     assert serve("--no-async-scheduling --no-enforce-eager") == {
         "engine.async_scheduling": False, "engine.enforce_eager": False}
     assert serve("--speculative-config '{\"method\": \"eagle3\", \"num_speculative_tokens\": 2}'") == {
@@ -161,3 +163,46 @@ def test_async_streaming_and_cuda_graph_flags_reach_the_scheduler_and_the_cost(t
                                             "engine preset"):
         load_scenario({**BASE, "cost_model": {"type": "roofline"},
                        "engine": {**BASE["engine"], "serve_args": "--enforce-eager"}})
+
+
+def test_max_cudagraph_capture_size_replaces_vllms_ceiling():
+    # BASE: max_num_seqs 64, max_num_batched_tokens 512 -> vLLM's ceiling min(2 x 64, 512) = 128
+    # plus max_num_seqs (64, already a multiple of 8).
+    default = load_scenario(BASE).cost_model.engine.cudagraphs.capture_sizes
+    assert default == (1, 2, 4, *range(8, 129, 8))
+    # A given maximum of 100: 1, 2, 4, 8..96 by 8 (vLLM truncates the maximum to 96); no
+    # uniform-decode size is added, and 512 tokens do not fit under it.
+    sc = load_scenario(BASE, overrides=[("engine.max_cudagraph_capture_size", 100)])
+    assert sc.cost_model.engine.cudagraphs.capture_sizes == (1, 2, 4, *range(8, 97, 8))
+    # 300: the multiples of 16 from 256 join (256, 272, 288).
+    sc = load_scenario(BASE, overrides=[("engine.max_cudagraph_capture_size", 300)])
+    assert sc.cost_model.engine.cudagraphs.capture_sizes[-4:] == (248, 256, 272, 288)
+    # Above max_num_batched_tokens: capped there, and 512 itself is captured.
+    sc = load_scenario(BASE, overrides=[("engine.max_cudagraph_capture_size", 4096)])
+    assert sc.cost_model.engine.cudagraphs.capture_sizes[-2:] == (496, 512)
+
+
+@pytest.mark.parametrize("engine, cost, message", [
+    ({"max_cudagraph_capture_size": 8, "cudagraph_capture_sizes": [1, 2, 4]}, None,
+     "engine.max_cudagraph_capture_size: 8, but the largest engine.cudagraph_capture_sizes kept is "
+     "4; vLLM refuses both when they differ"),
+    ({"max_cudagraph_capture_size": 8, "enforce_eager": True}, None,
+     "engine.max_cudagraph_capture_size: given with engine.enforce_eager: true, which captures no "
+     "graphs; drop one of them"),
+    ({"max_cudagraph_capture_size": 8}, "vllm-v0.6",
+     "engine.max_cudagraph_capture_size: vLLM V1's knob; the vllm-v0.6 engine captures its own "
+     "sizes (use engine.cudagraph_capture_sizes)"),
+    ({"max_cudagraph_capture_size": 8}, "sarathi-serve-2024",
+     "engine.max_cudagraph_capture_size: the sarathi-serve-2024 engine has no CUDA graphs (it "
+     "always runs eagerly); drop engine.max_cudagraph_capture_size"),
+])
+def test_bad_capture_ceilings_are_one_line(engine, cost, message):
+    data = {**BASE, "engine": {**BASE["engine"], **engine}}
+    if cost:
+        data["cost_model"] = {**BASE["cost_model"], "engine_preset": cost}
+    with pytest.raises(ScenarioError) as exc:
+        load_scenario(data)
+    assert str(exc.value) == message
+    sizes = {**BASE, "engine": {**BASE["engine"], "max_cudagraph_capture_size": 4,
+                                "cudagraph_capture_sizes": [1, 2, 4, 1024]}}
+    assert load_scenario(sizes).cost_model.engine.cudagraphs.capture_sizes == (1, 2, 4)

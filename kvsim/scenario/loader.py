@@ -205,7 +205,8 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
     knobs = EngineKnobs(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         enforce_eager=eng.enforce_eager,
                         cudagraph_capture_sizes=(tuple(eng.cudagraph_capture_sizes)
-                                                 if eng.cudagraph_capture_sizes else None))
+                                                 if eng.cudagraph_capture_sizes else None),
+                        max_cudagraph_capture_size=eng.max_cudagraph_capture_size)
     cost_config = sc.cost_model
     fit_file = cost_config.get("engine_overhead") if isinstance(cost_config, dict) else None
     if isinstance(fit_file, str) and not Path(fit_file).is_absolute():

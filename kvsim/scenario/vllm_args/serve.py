@@ -158,6 +158,8 @@ SUPPORTED: dict[str, To] = {
                           Rule("int", ge=1, source="SchedulerConfig.stream_interval")),
     "enforce_eager": To("engine.enforce_eager", Rule("switch")),
     "cudagraph_capture_sizes": To("engine.cudagraph_capture_sizes", Rule("int_list")),
+    "max_cudagraph_capture_size": To("engine.max_cudagraph_capture_size",
+                                     Rule("int", ge=1, source="CompilationConfig.max_cudagraph_capture_size")),
     "speculative_config": To("engine.speculative_config", Rule("json"),
                              engine_flags.speculative_config),
     "spec_method": To("engine.speculative_config.method", Rule("str"), engine_flags.spec_method),
@@ -168,10 +170,9 @@ SUPPORTED: dict[str, To] = {
 
 # Flags other work is adding (see the issues named); refused until then.
 PLANNED: dict[str, str] = {
-    # The capture sizes and eager mode are modelled (SUPPORTED); vLLM's default sizes'
-    # ceiling and the compilation settings are not yet.
-    **dict.fromkeys(("max_cudagraph_capture_size", "compilation_config", "optimization_level",
-                     "performance_mode"),
+    # The capture sizes, their ceiling and eager mode are modelled (SUPPORTED); the
+    # compilation settings are not yet.
+    **dict.fromkeys(("compilation_config", "optimization_level", "performance_mode"),
                     "CUDA graphs and compilation beyond the capture sizes (engine time, issue 13)"),
     **dict.fromkeys(("enable_eplb", "eplb_config",
                      "expert_placement_strategy", "enable_dbo", "ubatch_size"),
