@@ -79,7 +79,7 @@ LINES = [
     ["--max-num-batched-tokens", "1.5K"],
     # engine time (issue 13)
     ["--async-scheduling"], ["--no-async-scheduling"], ["--stream-interval", "4"],
-    ["--enforce-eager"], ["--cudagraph-capture-sizes", "1", "2", "8"],
+    ["--enforce-eager"], ["--cudagraph-capture-sizes", "1", "2", "8"], ["--max-cudagraph-capture-size", "64"],
     ["--cudagraph-capture-sizes", "1", "x"], ["--spec-tokens", "3"], ["--spec-method", "eagle"],
     ["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 3}'],
     ["-sc", '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 4}'],
