@@ -213,26 +213,6 @@ def test_speculation_is_refused_where_kvsim_does_not_model_it():
         kvsim.load_scenario(missing)
 
 
-@pytest.mark.parametrize("method", ["eagle", "ngram"])
-@pytest.mark.parametrize("engine, model, words", [
-    ({"prefix_cache": "radix"}, None, ["engine.speculative_config", "prefix_cache: radix",
-                                       "allowed: prefix_cache: hash"]),
-    ({}, "gemma-3-4b", ["engine.speculative_config", "hybrid KV manager", "gemma-3-4b",
-                        "disable_hybrid_kv_cache_manager: true"]),
-])
-def test_speculation_with_the_radix_or_hybrid_manager_is_one_line(method, engine, model, words):
-    # Both failed mid-run before (the radix manager's lookahead ValueError, or its
-    # connector message from cache_blocks for n-gram; the hybrid manager has no cache_blocks).
-    sc = sc_spec(method=method)
-    sc["engine"] = {**sc["engine"], **engine}
-    if model:
-        sc["model"] = model
-    with pytest.raises(kvsim.ScenarioError) as exc:
-        kvsim.load_scenario(sc)
-    msg = str(exc.value)
-    assert "\n" not in msg and all(w in msg for w in words), msg
-
-
 def test_speculation_runs_for_a_sliding_window_model_without_the_hybrid_manager():
     def run(spec_config):
         sc = sc_spec()

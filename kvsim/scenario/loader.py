@@ -159,8 +159,6 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
     notes += _check_baseline_scheduler(eng)
     _check_engine_loop(eng)
     speculative = _speculative_config(eng, sc.seed, base, max_num_batched_tokens)
-    if speculative is not None:
-        _check_spec_kv_manager(eng, model, hybrid=kv_groups is not None)
     # The continuous (V0) scheduler never chunks a prefill; orca runs prompts whole, with no budget.
     chunking = eng.enable_chunked_prefill and eng.scheduler not in ("continuous", "orca")
     if not chunking and eng.scheduler not in ("static", "orca"):
@@ -274,23 +272,6 @@ def _speculative_config(eng, seed: int, base: Path, max_num_batched_tokens: int)
                             f"for a token with {spec.num_lookahead_tokens} lookahead slots "
                             f"(num_speculative_tokens); raise it or lower num_speculative_tokens")
     return spec
-
-
-def _check_spec_kv_manager(eng, model, *, hybrid: bool) -> None:
-    """Speculative decoding runs on vLLM's KV manager only (kvsim.sched.spec_decode):
-    drafts need lookahead slots in ``allocate_slots`` and the accepted tokens'
-    blocks cached after verification (``cache_blocks``), which the radix and
-    hybrid managers do not have in kvsim (issue #13 notes)."""
-    where = "engine.speculative_config"
-    if eng.prefix_cache == "radix":
-        raise ScenarioError(f"{where}: not modelled with engine.prefix_cache: radix (the radix "
-                            f"manager has no lookahead slots nor after-verify caching); allowed: "
-                            f"prefix_cache: hash")
-    if hybrid:
-        raise ScenarioError(f"{where}: not modelled with the hybrid KV manager {model.name} runs "
-                            f"(several KV-cache groups: no lookahead slots nor after-verify "
-                            f"caching there); set engine.disable_hybrid_kv_cache_manager: true "
-                            f"(not for Mamba models) or drop speculative_config")
 
 
 def _check_engine_loop(eng) -> None:
