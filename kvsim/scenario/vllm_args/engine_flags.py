@@ -24,14 +24,12 @@
 from __future__ import annotations
 
 from kvsim.scenario.vllm_args.parse import VllmArgsError
+from kvsim.sched.spec_decode import METHODS as SPEC_METHODS
 
 # vllm/config/speculative.py SpeculativeConfig keys kvsim reads; the others change
 # what kvsim does not model (draft TP, quantization, tree shapes ...).
 SPEC_KEYS = ("method", "num_speculative_tokens", "model", "rejection_sample_method",
              "synthetic_acceptance_rates", "synthetic_acceptance_length")
-# kvsim.sched.spec_decode.METHODS (imported lazily there; repeated so that reading flags
-# does not import the scheduler).
-SPEC_METHODS = ("ngram", "eagle", "eagle3", "mtp", "draft_model")
 
 
 class Unmodelled(Exception):
