@@ -173,3 +173,13 @@ def test_a_decode_run_stops_at_the_step_that_sees_a_load_complete():
 def test_only_the_chunked_scheduler_takes_a_connector():
     with pytest.raises(ValueError, match="engine.scheduler: 'continuous' takes no KV connector"):
         run_engine([spec("A", range(1, 9))], CONFIG, scheduler="continuous", connector=Scripted())
+
+
+def test_async_scheduling_with_a_connector_is_refused_in_one_line():
+    # It hung before: async finishing never freed a request whose blocks a send held.
+    from dataclasses import replace
+    with pytest.raises(ValueError) as exc:
+        run_engine([spec("A", range(1, 9))], replace(CONFIG, async_scheduling=True),
+                   connector=Scripted(send_s=0.02))
+    assert str(exc.value) == ("engine.async_scheduling: not modelled with a KV connector (P/D "
+                              "transfer, KV offloading); allowed: false")

@@ -337,3 +337,37 @@ def test_the_engine_time_modules_stay_in_the_cost_layer():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             for name in names:
                 assert not name.startswith(banned), f"{path.name} imports {name}"
+
+
+# ------------------------------------------------------------ the published steps, end to end
+
+STEPS_SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "sarathi_yi34b_steps.yaml"
+
+
+@pytest.mark.parametrize("num_requests, label", [(128, "decode batch 128"), (1, "decode batch 1")])
+def test_kvsim_run_gives_sarathis_decode_steps_the_reports_time_on_both_paths(num_requests, label):
+    """scenarios/sarathi_yi34b_steps.yaml: the decode batches reports/calibration.md checks
+    (Engine time, Sarathi-Serve Yi-34B TP2) come out of the whole simulator at the time the
+    report gives, and their CPU part is the preset's terms summed by hand."""
+    import kvsim
+    from kvsim.cost.engine_points import ISSUE_POINTS
+    from kvsim.cost.overhead_fit import step_time
+    from kvsim.scenario.yamlio import load_yaml
+    sc = load_yaml(STEPS_SCENARIO.read_text(), where=str(STEPS_SCENARIO))
+    sc["workload"]["num_requests"] = num_requests
+    fast, slow = kvsim.simulate(sc), kvsim.simulate(sc, fast_path=False)
+    assert fast.steps.equals(slow.steps) and fast.requests.equals(slow.requests)
+    dec = fast.steps[fast.steps["num_prefill_tokens"] == 0]
+    assert list(dec["num_decode_tokens"]) == [num_requests] * 3      # 4 outputs: 1 + 3 decodes
+    # The middle decode reads 1,021 cached tokens, the point's context (engine_points.py).
+    point = next(p for p in ISSUE_POINTS if p.label == label)
+    loaded = kvsim.load_scenario(sc)
+    assert dec["duration_s"].iloc[1] == pytest.approx(step_time(loaded.cost_model, point), rel=1e-9)
+    # Hand-worked CPU part (presets.py, sarathi-serve-2024; eager, so the 60 layers' launches,
+    # 1.85 ms, hide behind the kernels): step_s + tp_hop_s + B x (per_request_s + per_sampled_token_s).
+    cpu_ms = 6.97253 + 5.79608 + num_requests * (1.22538 + 0.0223587)
+    zero = {k: 0.0 for k in EngineOverhead.field_names()}
+    sc["cost_model"] = {**sc["cost_model"], "engine_overhead": zero}
+    bare = kvsim.simulate(sc).steps
+    kernels = bare[bare["num_prefill_tokens"] == 0]["duration_s"].iloc[1]
+    assert (dec["duration_s"].iloc[1] - kernels) * 1e3 == pytest.approx(cpu_ms, rel=1e-9)

@@ -213,6 +213,18 @@ def test_speculation_is_refused_where_kvsim_does_not_model_it():
         kvsim.load_scenario(missing)
 
 
+def test_speculation_runs_for_a_sliding_window_model_without_the_hybrid_manager():
+    def run(spec_config):
+        sc = sc_spec()
+        sc["model"] = "gemma-3-4b"
+        sc["engine"] = {**sc["engine"], "disable_hybrid_kv_cache_manager": True,
+                        "speculative_config": spec_config}
+        return kvsim.simulate(sc)
+    eagle, base = run(sc_spec()["engine"]["speculative_config"]), run(None)
+    assert eagle.summary["completed"] == base.summary["completed"] == len(base.requests)
+    assert len(eagle.steps) < len(base.steps)          # several tokens per verification
+
+
 # ------------------------------------------- max_num_scheduled_tokens (vLLM's trace)
 
 def test_max_num_scheduled_tokens_matches_vllms_trace():

@@ -77,6 +77,12 @@ LINES = [
     ["--no-scheduler-reserve-full-isl"], ["--long-prefill-token-threshold", "512"],
     ["--max-num-seqs", "abc"], ["--scheduling-policy", "lifo"], ["--max-num", "4"],
     ["--max-num-batched-tokens", "1.5K"],
+    # engine time (issue 13)
+    ["--async-scheduling"], ["--no-async-scheduling"], ["--stream-interval", "4"],
+    ["--enforce-eager"], ["--cudagraph-capture-sizes", "1", "2", "8"], ["--max-cudagraph-capture-size", "64"],
+    ["--cudagraph-capture-sizes", "1", "x"], ["--spec-tokens", "3"], ["--spec-method", "eagle"],
+    ["--speculative-config", '{"method": "eagle", "num_speculative_tokens": 3}'],
+    ["-sc", '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 4}'],
 ]
 
 
@@ -150,16 +156,17 @@ def test_an_unmodelled_flag_is_refused_with_the_supported_list():
     msg = error(map_serve_args, "--enable-eplb")
     assert msg.startswith("--serve-args: --enable-eplb: kvsim does not model this vllm "
                           "serve flag yet (expert parallelism (MoE, issue 16)); supported: --all2all-backend, "
+                          "--async-scheduling, "
                           "--block-size, ")
     assert "--max-num-seqs" in msg and msg.endswith("pass --ignore-unsupported to simulate without it")
     assert "\n" not in msg
 
 
 def test_ignore_unsupported_lists_what_it_skipped():
-    mapped = map_serve_args("--enable-eplb -pp 2 --async-scheduling --block-size 32 --port 1",
-                            ignore_unsupported=True)
+    mapped = map_serve_args("--enable-eplb -pp 2 --kv-offloading-size 64 --block-size 32 "
+                            "--port 1", ignore_unsupported=True)
     assert mapped.overrides == [("engine.block_size", 32)]
-    assert mapped.ignored == ["--enable-eplb", "-pp 2", "--async-scheduling"]
+    assert mapped.ignored == ["--enable-eplb", "-pp 2", "--kv-offloading-size 64"]
     assert mapped.no_effect == ["--port"]
 
 
@@ -297,20 +304,23 @@ def test_kvsim_run_takes_both_command_lines(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(SCENARIO))
     done = kvsim("run", str(path), "--json", "--ignore-unsupported",
-                 "--serve-args", "vllm serve meta-llama/Llama-3.1-8B --max-num-seqs 4 --enforce-eager",
+                 "--serve-args", "vllm serve meta-llama/Llama-3.1-8B --max-num-seqs 4 "
+                                "--kv-offloading-size 8",
                  "--bench-args", "--dataset-name random --random-input-len 64 --random-output-len 8 "
                                  "--num-prompts 12 --max-concurrency 3")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert (summary["completed"], summary["total_input_tokens"]) == (12, 12 * 64)
     assert summary["max_concurrent_requests"] == 3
-    assert "--serve-args: ignored (not modelled by kvsim): --enforce-eager" in done.stderr
+    assert ("--serve-args: ignored (not modelled by kvsim): --kv-offloading-size 8"
+            in done.stderr)
 
 
 def test_kvsim_run_refuses_an_unsupported_flag_in_one_line(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(SCENARIO))
-    done = kvsim("run", str(path), "--serve-args=--async-scheduling")
+    done = kvsim("run", str(path), "--serve-args=--kv-offloading-size 8")
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1
-    assert done.stderr.startswith("kvsim run: error: --serve-args: --async-scheduling: kvsim does not model")
+    assert done.stderr.startswith("kvsim run: error: --serve-args: --kv-offloading-size: "
+                                  "kvsim does not model")

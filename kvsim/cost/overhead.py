@@ -135,17 +135,22 @@ class CudaGraphs:
 
 
 def default_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, *,
-                          data_center_blackwell: bool = False) -> tuple[int, ...]:
+                          data_center_blackwell: bool = False,
+                          max_capture_size: int | None = None) -> tuple[int, ...]:
     """vLLM V1's default ``cudagraph_capture_sizes`` (vLLM 0.33, no speculative decoding).
 
     ``vllm/config/vllm.py``: ``VllmConfig._set_cudagraph_sizes``: the largest
-    size is ``min(2 x max_num_seqs, 512)`` (1024 on data-center Blackwell),
-    then at most ``max_num_batched_tokens``; sizes are 1, 2, 4, multiples of
-    8 below 256, multiples of 16 from 256, plus ``max_num_batched_tokens``
-    and ``max_num_seqs`` when they fit under the largest.
+    size is ``min(2 x max_num_seqs, 512)`` (1024 on data-center Blackwell), or
+    ``max_cudagraph_capture_size`` when given (``max_capture_size``), then at
+    most ``max_num_batched_tokens``; sizes are 1, 2, 4, multiples of 8 below
+    256, multiples of 16 from 256, plus ``max_num_batched_tokens`` when it fits
+    under the largest, and ``max_num_seqs`` too when the largest is vLLM's
+    own (a given maximum adds no uniform decode size).
     """
     ceiling = 1024 if data_center_blackwell else 512
-    largest = min(max_num_seqs * 2, ceiling, max_num_batched_tokens)
+    given = max_capture_size is not None
+    largest = min(max_capture_size if given else min(max_num_seqs * 2, ceiling),
+                  max_num_batched_tokens)
     sizes = [s for s in (1, 2, 4) if s <= largest]
     if largest >= 8:
         sizes += list(range(8, min(largest + 1, 256), 8))
@@ -153,7 +158,7 @@ def default_capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, *,
         sizes += list(range(256, largest + 1, 16))
     if max_num_batched_tokens <= largest:
         sizes.append(max_num_batched_tokens)
-    if max_num_seqs <= largest:
+    if max_num_seqs <= largest and not given:
         sizes.append(max_num_seqs)
     return tuple(sorted(set(sizes)))
 

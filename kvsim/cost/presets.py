@@ -33,6 +33,7 @@ class EngineKnobs:
     max_num_batched_tokens: int
     enforce_eager: bool | None = None                 # None: the preset's default
     cudagraph_capture_sizes: tuple[int, ...] | None = None
+    max_cudagraph_capture_size: int | None = None     # vLLM V1 only
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,8 @@ def _default_sizes(rule: str, knobs: EngineKnobs, gpu_name: str) -> tuple[int, .
     if rule == "vllm-v1":
         blackwell = gpu_name.lower().startswith(("b200", "b300", "gb200", "gb300"))
         return default_capture_sizes(knobs.max_num_seqs, knobs.max_num_batched_tokens,
-                                     data_center_blackwell=blackwell)
+                                     data_center_blackwell=blackwell,
+                                     max_capture_size=knobs.max_cudagraph_capture_size)
     if rule == "vllm-v0":
         # vllm/worker/model_runner.py (v0.6): _BATCH_SIZES_TO_CAPTURE = [1, 2, 4] + 8..256,
         # kept up to max_num_seqs rounded up to a multiple of 8 (_get_graph_batch_size).
@@ -217,25 +219,37 @@ DEFAULT_KNOBS = EngineKnobs(max_num_seqs=256, max_num_batched_tokens=8192)
 def _resolve_cudagraphs(preset: Preset, knobs: EngineKnobs | None, gpu_name: str) -> CudaGraphs:
     knobs = knobs or DEFAULT_KNOBS
     eager, sizes = knobs.enforce_eager, knobs.cudagraph_capture_sizes
-    if sizes is not None and eager:
-        # vLLM drops the sizes under eager mode ("Cudagraph is disabled under eager mode",
-        # vllm/config/vllm.py); kvsim refuses so that they are not believed to be modelled.
-        raise ValueError("engine.cudagraph_capture_sizes: given with engine.enforce_eager: true, "
-                         "which captures no graphs; drop one of them")
+    largest = knobs.max_cudagraph_capture_size
+    for key, value in (("cudagraph_capture_sizes", sizes), ("max_cudagraph_capture_size", largest)):
+        if value is not None and eager:
+            # vLLM drops the sizes under eager mode ("Cudagraph is disabled under eager mode",
+            # vllm/config/vllm.py); kvsim refuses so that they are not believed to be modelled.
+            raise ValueError(f"engine.{key}: given with engine.enforce_eager: true, "
+                             f"which captures no graphs; drop one of them")
     if not preset.has_cudagraphs:
-        for key, value in (("enforce_eager", eager is False), ("cudagraph_capture_sizes", sizes)):
+        for key, value in (("enforce_eager", eager is False), ("cudagraph_capture_sizes", sizes),
+                           ("max_cudagraph_capture_size", largest)):
             if value:
                 raise ValueError(f"engine.{key}: the {preset.name} engine has no CUDA graphs "
                                  f"(it always runs eagerly); drop engine.{key}")
         return CudaGraphs()
     if eager:
         return CudaGraphs()
+    if largest is not None and preset.capture_rule != "vllm-v1":
+        raise ValueError(f"engine.max_cudagraph_capture_size: vLLM V1's knob; the "
+                         f"{preset.name} engine captures its own sizes (use "
+                         f"engine.cudagraph_capture_sizes)")
     if sizes is not None:
         kept = user_capture_sizes(sizes, knobs.max_num_batched_tokens)
         if not kept:
             raise ValueError(f"engine.cudagraph_capture_sizes: {list(sizes)} has no size <= "
                              f"max_num_batched_tokens ({knobs.max_num_batched_tokens}), so no "
                              f"graph would be captured")
+        if largest is not None and largest != kept[-1]:
+            # vllm/config/vllm.py _set_cudagraph_sizes: both given and inconsistent
+            raise ValueError(f"engine.max_cudagraph_capture_size: {largest}, but the largest "
+                             f"engine.cudagraph_capture_sizes kept is {kept[-1]}; vLLM refuses "
+                             f"both when they differ")
     else:
         kept = _default_sizes(preset.capture_rule, knobs, gpu_name)
     return CudaGraphs(preset.cudagraph_mode, kept)

@@ -203,7 +203,8 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
     knobs = EngineKnobs(max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
                         enforce_eager=eng.enforce_eager,
                         cudagraph_capture_sizes=(tuple(eng.cudagraph_capture_sizes)
-                                                 if eng.cudagraph_capture_sizes else None))
+                                                 if eng.cudagraph_capture_sizes else None),
+                        max_cudagraph_capture_size=eng.max_cudagraph_capture_size)
     cost_config = sc.cost_model
     fit_file = cost_config.get("engine_overhead") if isinstance(cost_config, dict) else None
     if isinstance(fit_file, str) and not Path(fit_file).is_absolute():
@@ -257,7 +258,9 @@ def _speculative_config(eng, seed: int, base: Path, max_num_batched_tokens: int)
         _named(f"{where}.model", load_model, model, base)
     if "acceptance" not in value:
         raise ScenarioError(f"{where}.acceptance: missing; how many drafts are accepted is an "
-                            f"input: {{rate: 0.7}}, {{per_position: [...]}} or {{trace: FILE}}")
+                            f"input: {{rate: 0.7}}, {{per_position: [...]}} or {{trace: FILE}} (from "
+                            f"vllm serve flags: synthetic_acceptance_rates, or --set "
+                            f"engine.speculative_config.acceptance.rate=0.7)")
     try:
         acceptance = acceptance_from_config(value["acceptance"], k, seed, base)
     except ValueError as exc:

@@ -98,6 +98,8 @@ class EngineSection(_Section):
     # CUDA graphs, modelled by cost_model.engine_preset (kvsim/cost/presets.py); None: the preset's default
     enforce_eager: bool | None = None
     cudagraph_capture_sizes: list[Annotated[int, Field(ge=1)]] | None = Field(None, min_length=1)
+    max_cudagraph_capture_size: int | None = Field(None, ge=1, description="vLLM V1: the largest "
+                                                   "default capture size (issue #13)")
     orca_reservation: Literal["max", "pow2", "oracle"] | None = Field(
         None, description="orca scheduler: KV reserved per request (default max: max_model_len)")
     # The engine loop and what the client sees (engine time, issue #13; docs/cost_models.md)

@@ -24,6 +24,13 @@ def make_scheduler(name: str, config: SchedulerConfig, connector=None):
                          f"offloading); allowed: chunked")
     if name == "chunked":
         from kvsim.sched.chunked import ChunkedScheduler
+        if connector is not None and config.async_scheduling:
+            # vLLM's AsyncScheduler with a connector drops stale outputs of requests whose
+            # KV must be delivered and defers their block frees (v1/core/sched/scheduler.py
+            # drop_stale_output, requires_kv_delivery); kvsim's async finishing
+            # (sched/async_finish.py) does neither (issue #13): refused, not run wrong.
+            raise ValueError("engine.async_scheduling: not modelled with a KV connector (P/D "
+                             "transfer, KV offloading); allowed: false")
         return ChunkedScheduler(config, connector)
     if name == "continuous":
         if config.num_scheduler_steps > 1:

@@ -27,6 +27,7 @@ from typing import Any
 from kvsim.scenario.vllm_args import bench as bench_table
 from kvsim.scenario.vllm_args import bench_flags, serve_flags
 from kvsim.scenario.vllm_args import serve as serve_table
+from kvsim.scenario.vllm_args.engine_flags import fold_speculative
 from kvsim.scenario.vllm_args.parse import Given, VllmArgsError, parse_options, split_command
 from kvsim.scenario.vllm_args.serve import DEFAULT, Unmodelled
 
@@ -167,11 +168,26 @@ def _merge(data: dict, overrides: list[tuple[str, Any]], path: str) -> dict:
         target = data.setdefault(section, {})
         if not isinstance(target, dict):
             raise VllmArgsError(f"{path} sets {key} but {section} is {target!r}, not a mapping")
+        if isinstance(value, dict) and isinstance(target.get(sub), dict):
+            # engine.speculative_config from the flags, its acceptance from the file
+            target[sub] = _merge_mapping(target[sub], value, f"{path} sets {key}")
+            continue
         if sub in target and target[sub] != value:
             raise VllmArgsError(f"{path} sets {key} = {value!r} but the scenario sets it to "
                                 f"{target[sub]!r}; keep one")
         target[sub] = value
     return data
+
+
+def _merge_mapping(given: dict, flags: dict, where: str) -> dict:
+    """The file's mapping and the flags' one; a key both set differently is an error."""
+    out = dict(given)
+    for k, v in flags.items():
+        if k in out and out[k] != v:
+            raise VllmArgsError(f"{where}.{k} = {v!r} but the scenario sets it to {out[k]!r}; "
+                                f"keep one")
+        out[k] = v
+    return out
 
 
 def _map(prog: _Program, args, ignore_unsupported: bool, label: str | None) -> Mapped:
@@ -210,6 +226,8 @@ def _map(prog: _Program, args, ignore_unsupported: bool, label: str | None) -> M
             continue
         overrides.pop(to.key, None)            # a later flag wins, as in argparse
         overrides[to.key] = value
+    if prog is SERVE:
+        overrides = fold_speculative(overrides, label)
     return Mapped(list(overrides.items()), ignored, list(dict.fromkeys(no_effect)))
 
 

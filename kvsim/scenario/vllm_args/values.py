@@ -10,6 +10,7 @@ value and what vLLM allows.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,7 +58,9 @@ class Rule:
 
     ``source`` names the config field whose pydantic bounds these are (for
     the message); ``type`` is a key of :data:`TYPES` or ``"switch"`` for an
-    on/off flag, ``"raw"`` for the value(s) as given.
+    on/off flag, ``"raw"`` for the value(s) as given, ``"int_list"`` for
+    ``type=int, nargs='+'``, ``"json"`` for a JSON-object flag read with
+    ``json.loads`` (given whole, not key by key).
     """
 
     type: str = "str"
@@ -73,20 +76,29 @@ class Rule:
             return bool(given.value)
         if self.type == "raw":             # the value(s) as given, for a converter to read
             return given.value
+        if self.type == "int_list":
+            return [self._one(given, "int", v) for v in
+                    (given.value if isinstance(given.value, list) else [given.value])]
+        if self.type == "json":
+            return _json_object(given)
         raw = given.value
-        if isinstance(raw, list):          # nargs='+': kvsim maps none of these
+        if isinstance(raw, list):          # nargs='+' other than int_list: read as one
             raw = " ".join(raw)
-        try:
-            value = TYPES[self.type](raw)
-        except (TypeError, ValueError) as exc:
-            detail = f" ({exc})" if self.type.startswith("human") else ""
-            raise VllmArgsError(f"argument {given.option}: invalid {self.type} value: "
-                                f"{raw!r}{detail}") from None
+        value = self._one(given, self.type, raw)
         if self.choices and value not in self.choices:
             raise VllmArgsError(f"argument {given.option}: invalid choice: {value!r} "
                                 f"(choose from {', '.join(map(str, self.choices))})")
         self._check_bounds(given.option, value)
         return value
+
+    @staticmethod
+    def _one(given: Given, type_name: str, raw):
+        try:
+            return TYPES[type_name](raw)
+        except (TypeError, ValueError) as exc:
+            detail = f" ({exc})" if type_name.startswith("human") else ""
+            raise VllmArgsError(f"argument {given.option}: invalid {type_name} value: "
+                                f"{raw!r}{detail}") from None
 
     def _check_bounds(self, option: str, value) -> None:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
@@ -99,3 +111,18 @@ class Rule:
             op, bound = failed[0]
             where = f" ({self.source})" if self.source else ""
             raise VllmArgsError(f"{option} {value!r}: vLLM refuses it: must be {op} {bound}{where}")
+
+
+def _json_object(given: Given) -> dict:
+    """A JSON config flag (``--speculative-config '{...}'``) as vLLM reads it: ``json.loads``."""
+    if "." in given.option.lstrip("-"):
+        raise VllmArgsError(f"argument {given.option}: kvsim reads {given.option.split('.')[0]} "
+                            f"as one JSON object ('{{\"key\": value, ...}}'), not key by key")
+    try:
+        value = json.loads(given.value)
+    except (TypeError, json.JSONDecodeError) as exc:
+        raise VllmArgsError(f"argument {given.option}: invalid loads value: {given.value!r} "
+                            f"({exc})") from None
+    if not isinstance(value, dict):
+        raise VllmArgsError(f"argument {given.option}: {given.value!r} is not a JSON object")
+    return value
