@@ -287,6 +287,10 @@ def test_attribution_charges_builtins_and_libraries_to_their_kvsim_caller(tmp_pa
     assert component_of("/x/kvsim/sim/engine.py") == "engine loop (sim/, SimPy)"
     assert component_of("/x/kvsim/metrics/tables.py") == "output writing"
     assert component_of("/x/kvsim/metrics/summary.py") == "metrics"
+    assert component_of("/x/kvsim/scenario/result.py") == "metrics"        # requests_frame, itl_seconds
+    assert component_of("/x/kvsim/scenario/cluster.py") == "metrics"       # collect_fleet
+    assert component_of("/x/kvsim/fleet/runner.py") == "fleet (routing, dispatch)"
+    assert component_of("/x/kvsim/scenario/loader.py") == "scenario loading (YAML, validation, specs)"
     assert component_of("/usr/lib/python3.11/json/encoder.py") is None
     table = {"a": np.arange(5000) % 7, "b": np.linspace(0.0, 1.0, 5000)}
     profiler = cProfile.Profile()

@@ -300,6 +300,13 @@ def test_a_later_session_turn_waits_for_the_previous_turn_plus_its_delay(tmp_pat
                    ("r3", 0.5, 100, None, 0.0), ("r4", 1.0, 10, None, 0.0)]
 
 
+def test_only_session_turns_a_later_turn_names_may_be_followed(tmp_path):
+    # The front end remembers finish times of those only (10M single-turn requests keep none).
+    specs = list(workload(session_trace(tmp_path), base_dir=tmp_path).requests())
+    assert [(s.request_id, s.may_be_followed) for s in specs] == [
+        ("r0", True), ("r1", True), ("r2", False), ("r3", False), ("r4", False)]
+
+
 def test_session_turns_run_one_after_another_in_a_simulation(tmp_path):
     from kvsim.scenario.simulate import simulate
     result = simulate({"model": "llama-3.1-8b", "engine": {"max_model_len": 4096},

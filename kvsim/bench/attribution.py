@@ -30,7 +30,7 @@ COMPONENTS = (
     ("kvsim/cost/", "cost model"),
     ("kvsim/sim/steplog.py", "metrics"),            # the per-step records
     ("kvsim/sim/", "engine loop (sim/, SimPy)"),
-    ("kvsim/fleet/", "engine loop (sim/, SimPy)"),
+    ("kvsim/fleet/", "fleet (routing, dispatch)"),
     ("kvsim/workload/", "workload (trace, requests)"),
     ("kvsim/metrics/tables.py", "output writing"),
     ("kvsim/scenario/outputs.py", "output writing"),
@@ -38,11 +38,15 @@ COMPONENTS = (
     ("kvsim/bench/child.py", "output writing"),     # the writers it calls, one file at a time
     ("kvsim/metrics/", "metrics"),                  # summary, streaming stats, series, bench JSON
     ("kvsim/scenario/simulate.py", "metrics"),      # the result's tables
+    ("kvsim/scenario/result.py", "metrics"),        # (they moved here with the fleet)
+    ("kvsim/scenario/cluster.py", "metrics"),       # a fleet's tables and summaries (collect_fleet)
+    ("kvsim/scenario/cluster_outputs.py", "output writing"),
     ("kvsim/scenario/", "scenario loading (YAML, validation, specs)"),
     ("kvsim/specs/", "scenario loading (YAML, validation, specs)"),
     ("kvsim/", "other kvsim"),
 )
-ORDER = ("scheduler", "KV manager", "cost model", "engine loop (sim/, SimPy)", "metrics",
+ORDER = ("scheduler", "KV manager", "cost model", "engine loop (sim/, SimPy)",
+         "fleet (routing, dispatch)", "metrics",
          "output writing", "workload (trace, requests)",
          "scenario loading (YAML, validation, specs)", "other kvsim", "unattributed")
 UNATTRIBUTED = "unattributed"

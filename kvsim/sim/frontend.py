@@ -55,7 +55,10 @@ class Frontend:
         self._arrivals_done = False
         self._index = 0                    # request index: fresh token ids are unique per index
         self._parked: dict[str, list[RequestSpec]] = {}   # waiting on another request
-        self._finished_at: dict[str, float] = {}
+        # Requests a later one may name (RequestSpec.may_be_followed): their
+        # finish time, None until they finish. Only those: a run of 10 million
+        # single-turn requests would otherwise keep 10 million entries (~1 GiB).
+        self._finished_at: dict[str, float | None] = {}
         self._num_pending_releases = 0
 
     def start(self) -> None:
@@ -77,9 +80,10 @@ class Frontend:
 
     def on_done(self, request_id: str, finish_time: float) -> None:
         """A request finished or failed at ``finish_time``: release what waits on it."""
-        # Kept for every request: a later turn may name one that finished (or
-        # failed on arrival) before the turn itself was read.
-        self._finished_at[request_id] = finish_time
+        # Kept for every request that may be followed: a later turn may name one
+        # that finished (or failed on arrival) before the turn itself was read.
+        if request_id in self._finished_at:
+            self._finished_at[request_id] = finish_time
         for spec in self._parked.pop(request_id, ()):
             self._schedule_release(spec, finish_time + spec.think_time_s)
         if self.concurrency:
@@ -101,12 +105,15 @@ class Frontend:
     def _send(self, spec: RequestSpec, arrival_time: float) -> None:
         index = self._index
         self._index += max(spec.n, 1)      # n > 1: one index per sample
+        if spec.may_be_followed:           # before submit: a refused request is done at once
+            self._finished_at.setdefault(spec.request_id, None)
         self._submit(spec, arrival_time, index)
 
     def _park(self, spec: RequestSpec) -> None:
         dep = spec.after_request_id
-        if dep in self._finished_at:
-            self._schedule_release(spec, self._finished_at[dep] + spec.think_time_s)
+        finished = self._finished_at.get(dep)
+        if finished is not None:
+            self._schedule_release(spec, finished + spec.think_time_s)
         else:
             self._parked.setdefault(dep, []).append(spec)
 

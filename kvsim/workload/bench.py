@@ -126,7 +126,7 @@ def bench_requests(cfg: BenchConfig, table: BenchTable, times: np.ndarray) -> It
             fresh = starts[i] if g < 0 else None
         yield RequestSpec(request_id=f"r{i}", arrival_time_s=times[i], prompt_token_ids=prompt,
                           max_tokens=max(1, out[i]), fresh_prompt_start=fresh,
-                          prompt_block_ids=block_ids)
+                          prompt_block_ids=block_ids, may_be_followed=False)
 
 
 # --------------------------------------------------------------------------- datasets

@@ -38,6 +38,13 @@ class RequestSpec:
     (``kvsim.kv.hashing.content_block_id_hashes``). Every request of a run that
     holds such tokens must say so (a Mooncake trace does), and its outputs
     must be the engine's fresh ids.
+
+    ``may_be_followed`` says whether a later request may name this one in
+    ``after_request_id``. The front end must remember the finish time of such
+    a request until the run ends (the later turn may be read after it
+    finished); a workload that knows no request follows this one sets False,
+    so a run of 10 million single-turn requests keeps no per-request record
+    (``kvsim.sim.frontend``). The default, True, is always correct.
     """
 
     request_id: str
@@ -54,6 +61,7 @@ class RequestSpec:
     output_id_base: int | None = None     # generated token k gets id base + k (see below)
     fresh_prompt_start: int | None = None # the prompt is a run of ids no other request holds
     prompt_block_ids: list[int] | None = None  # the prompt is these Mooncake blocks
+    may_be_followed: bool = True          # a later request may name it (see above)
 
     @property
     def num_prompt_tokens(self) -> int:

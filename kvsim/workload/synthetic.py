@@ -117,6 +117,7 @@ def synthetic_requests(config: WorkloadConfig, arrival: ArrivalConfig, seed: int
                     # A prompt of only its own user message that no later turn quotes.
                     fresh_prompt_start=(user_starts[j] if not unrun and not len(history)
                                         and answer is None else None),
+                    may_be_followed=t < num_turns - 1,
                 )
                 if unrun:
                     history = unrun_prompt(len(prompt) + out_lens[j])

@@ -271,6 +271,7 @@ def trace_requests(table: TraceTable, *, arrival: ArrivalConfig | None, seed: in
     limit = np.inf if max_prompt_len is None else max_prompt_len
     after = None if table.after is None else table.after.tolist()
     delays = None if table.delay_s is None else table.delay_s.tolist()
+    followed = frozenset() if after is None else frozenset(after)     # rows a later turn names
     for i in range(count):
         if num_prompts[i] > limit:
             prompt = unrun_prompt(num_prompts[i])     # the engine refuses it unread
@@ -285,7 +286,8 @@ def trace_requests(table: TraceTable, *, arrival: ArrivalConfig | None, seed: in
                           fresh_prompt_start=None if starts is None else starts[i],
                           prompt_block_ids=None if starts is not None else table.hash_ids[i],
                           after_request_id=f"r{previous}" if previous >= 0 else None,
-                          think_time_s=delays[i] if previous >= 0 else 0.0)
+                          think_time_s=delays[i] if previous >= 0 else 0.0,
+                          may_be_followed=i in followed)
 
 
 def _read_csv(path: Path, columns: list[str]) -> pd.DataFrame:
