@@ -233,6 +233,18 @@ class OffloadingConnectorScheduler:
     def jobs_in_flight(self) -> list[TransferJob]:
         return list(self._jobs.values())
 
+    @property
+    def num_jobs_created(self) -> int:
+        """Jobs made so far (job ids count from 1): a caller sees a lookup start a promotion."""
+        return self._next_job
+
+    def job(self, job_id: int) -> TransferJob:
+        return self._jobs[job_id]
+
+    def local_hit_tokens(self, request_id) -> int:
+        """The GPU prefix hit of the request's last lookup."""
+        return self._req[request_id].num_local
+
     # ------------------------------------------------------------ private
 
     def _state(self, req) -> _ReqState:

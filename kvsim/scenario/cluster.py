@@ -50,6 +50,11 @@ def load_cluster(sc: LoadedScenario) -> tuple[ClusterConfig, list[PoolPlan]]:
         raise ScenarioError(str(exc)) from None
     plans = []
     for p, ls in zip(pools, loaded):
+        if ls.kv_offload is not None:
+            # kvtiers (issue 15): offload tiers run in one engine (kvsim/scenario/kv_offload.py);
+            # replicas do not take a connector yet.
+            raise ScenarioError(f"cluster pool {p.name!r}: engine.kv_offloading_size (KV offloading) "
+                                f"is modelled for one engine only, not yet in a cluster")
         eng = ls.scenario.engine
         plans.append(PoolPlan(
             name=p.name, role=p.role, replicas=p.replicas, scheduler=ls.scheduler,
