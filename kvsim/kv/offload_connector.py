@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kvsim.kv.offload import chunk_keys
+from kvsim.kv.offload import HIT, MISS, chunk_keys
 from kvsim.kv.offload_stack import OffloadTiers
 
 
@@ -131,7 +131,11 @@ class OffloadingConnectorScheduler:
         """Chunks only below the first tier are copied into it first (``TieringOffloadingManager``)."""
         plan = self.tiers.plan_load(keys, start, hit)
         first = self.tiers.first
-        todo = [k for k in plan.promotions if first.lookup(k) == "miss"]
+        # Only chunks readable below: one whose store into that tier is still in
+        # flight waits (the request retries) until it is done.
+        ready = {k for name, ks in plan.reads.items() if name != first.name
+                 for k in ks if self.tiers.by_name[name].lookup(k) == HIT}
+        todo = [k for k in plan.promotions if first.lookup(k) == MISS and k in ready]
         if not todo:
             return                               # already being promoted or stored
         if first.prepare_store(todo, req.request_id) is None:

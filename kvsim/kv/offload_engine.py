@@ -127,6 +127,9 @@ class OffloadConnector:
         return recving, []                        # stores never emit finished_sending (wk get_finished)
 
     def next_transfer_done_time(self) -> float:
+        """When the next transfer is done: vLLM's engine keeps stepping while the
+        connector has jobs (``has_pending_push_work``: loads, promotions and
+        stores), so every completion is seen at once; kvsim sleeps to it."""
         if self._store_failed or self._unsubmitted:
             return self._now()
         return self._done[0][0] if self._done else math.inf
@@ -150,8 +153,8 @@ class OffloadConnector:
             end = start + spec.transfer_time_s(-(-nbytes // self.ranks))
             self._free_at[link] = end
             self.busy_s[job.kind] += end - start
+            self.bytes_moved[job.kind] += nbytes
             done = max(done, end)
-        self.bytes_moved[job.kind] += sum(job.bytes_per_tier.values())
         self.num_jobs[job.kind] += 1
         heapq.heappush(self._done, (done, job.job_id))
         return done
