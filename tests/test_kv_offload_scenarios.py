@@ -103,11 +103,21 @@ def test_bad_offloading_input_is_one_line_naming_the_key(engine, message):
     assert "\n" not in str(exc.value)
 
 
-def test_a_cluster_refuses_offloading_in_one_line():
-    data = {**base(), "cluster": {"replicas": 2}}
-    with pytest.raises(ScenarioError, match="^cluster pool .*engine.kv_offloading_size .* not yet in a "
-                                            "cluster$"):
-        kvsim.simulate(data)
+def test_a_fleet_shares_one_remote_store_and_sums_the_counters():
+    remote = {"capacity_gib": 4.0, "bandwidth_gbps": 12.5, "latency_us": 20.0}
+    data = {**base(kv_offloading_size=0.125, kv_offloading={"remote": remote}),
+            "cluster": {"replicas": 2, "router": "round_robin"}}
+    fast, slow = kvsim.simulate(data), kvsim.simulate(data, fast_path=False)
+    assert fast.requests.equals(slow.requests) and fast.summary == slow.summary
+    k = fast.summary["kv_offload"]
+    # Two CPU tiers of 64 chunks, one store of 2048 (counted once).
+    assert (k["cpu_capacity_chunks"], k["remote_capacity_chunks"]) == (128, 2048)
+    assert k["num_promote_jobs"] > 0 and k["external_prefix_cache_hits"] > 0
+    stores = [c.tiers.by_name["remote"] for c in
+              (e.scheduler.transfers.connector for e in fast.run.replicas)]
+    assert stores[0] is stores[1]
+    alone = kvsim.simulate({**data, "engine": {**data["engine"], "kv_offloading": None}})
+    assert fast.summary["prefix_cache_hit_rate"] > alone.summary["prefix_cache_hit_rate"]
 
 
 def test_the_vllm_offloading_flags_map_to_the_scenario_keys():

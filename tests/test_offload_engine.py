@@ -159,3 +159,38 @@ def test_the_fast_path_is_the_step_path_with_offloading(cpu_chunks):
     assert fast[2]["num_load_jobs"] > 0 and fast[2]["num_store_jobs"] > 0
     if cpu_chunks == 12:
         assert fast[2]["kv_offload_allocation_failure"] > 0 and fast[2]["num_promote_jobs"] > 0
+
+
+# --- a store shared by a fleet's replicas (LMCache remote backend, Mooncake store) ---
+
+def test_one_replicas_prefill_is_another_replicas_hit_through_a_shared_store():
+    from kvsim.cost.base import ConstantCostModel
+    from kvsim.fleet.config import parse_cluster_config
+    from kvsim.fleet.replica import PoolPlan
+    from kvsim.fleet.runner import Fleet
+
+    remote = OffloadTier(TierSpec("remote", "remote", 64 * CHUNK, 0.5, shared=True), CHUNK)
+    made = []
+
+    def factory(shared):
+        links = shared.setdefault("links", {})
+        c = OffloadConnector(OffloadTiers([OffloadTier(TierSpec("cpu", "cpu", 16 * CHUNK, 1.0), CHUNK),
+                                           remote]), block_size=4, shared_links=links)
+        made.append(c)
+        return c
+
+    pool = PoolPlan("p", "mixed", 2, "chunked", CONFIG, ConstantCostModel(1.0), connector_factory=factory)
+    fleet = Fleet([pool], parse_cluster_config({"replicas": 2, "router": "round_robin"}), seed=0)
+    run = fleet.run([spec("A", A, max_tokens=1), spec("B", A + [7, 7, 7, 7], max_tokens=1, arrival=6.0)])
+    done = {r.request_id: r for e in run.replicas for r in e.done}
+    # A on replica 0: its store (from 1.0) writes replica 0's CPU (2 s) and the
+    # store over the network (8 x 0.5 s): done at 5.0. B on replica 1 at 6.0: its
+    # GPU and CPU miss, the store has all 8 chunks: promoted into replica 1's CPU
+    # (network, 6.0 to 10.0; B skipped), loaded over PCIe (10.0 to 12.0), then B
+    # computes its last 4 tokens: first token at 13.0 (alone it would compute 36 at 6.0).
+    assert run.num_routed == [1, 1]
+    assert done["B"].first_token_time == 13.0 and done["B"].num_cached_tokens == 32
+    r0, r1 = made
+    assert r1.external_hits == {"B": (0, 32)} and r0.external_hits == {}
+    assert (r1.stats()["num_promote_jobs"], r1.stats()["kv_offload_promote_bytes"]) == (1, 8 * CHUNK)
+    assert len(remote) == 9                  # A's 8 chunks and B's ninth, once

@@ -82,13 +82,14 @@ class Fleet:
         self.infos: list[ReplicaInfo] = []
         self.pools = list(pools)
         self._progress = progress
+        shared_kv: dict = {}        # a KV store the replicas share (kvtiers: kv/offload_engine.py)
         for pool in pools:
             for k in range(pool.replicas):
                 name = f"{pool.name}-{k}"
                 self.replicas.append(make_replica(
                     self.env, name, pool, on_done=self._on_done, more_input=self._more_input,
                     fast_path=fast_path, trace=_named_trace(trace, name),
-                    progress=self._report if progress is not None else None))
+                    progress=self._report if progress is not None else None, shared_kv=shared_kv))
                 self.infos.append(ReplicaInfo(name, pool.name, pool.role, pool.sched_config.block_size,
                                               pool.sched_config.num_gpu_blocks - 1))
         self.block_size = self.infos[0].block_size

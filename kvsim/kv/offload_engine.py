@@ -53,7 +53,7 @@ class OffloadConnector:
     """vLLM's OffloadingConnector (scheduler and worker timing) on kvsim's tiers (module doc)."""
 
     def __init__(self, tiers: OffloadTiers, *, block_size: int, blocks_per_chunk: int = 1,
-                 link_parallelism: int = 1) -> None:
+                 link_parallelism: int = 1, shared_links: dict[str, float] | None = None) -> None:
         if link_parallelism < 1:
             raise ValueError(f"link_parallelism must be >= 1, got {link_parallelism}")
         self.core = OffloadingConnectorScheduler(tiers, block_size=block_size,
@@ -62,6 +62,8 @@ class OffloadConnector:
         self.ranks = link_parallelism
         self.env = None
         self._free_at: dict[str, float] = {}      # link -> when its queue drains
+        # A shared tier's link (a fleet's store): one queue for every replica.
+        self._shared_free_at = shared_links if shared_links is not None else {}
         self._done: list[tuple[float, int]] = []  # (done time, job id) heap
         self._unsubmitted: list[TransferJob] = []
         self._store_failed = False                # the last step offered a store that found no room
@@ -71,6 +73,7 @@ class OffloadConnector:
         self.busy_s = {"load": 0.0, "store": 0.0, "promote": 0.0}
         self.num_jobs = {"load": 0, "store": 0, "promote": 0}
         self.load_wait_s = 0.0                    # submit -> done, summed over loads
+        self.promoted_chunks = 0
 
     # ------------------------------------------------------- KVConnector
 
@@ -149,20 +152,27 @@ class OffloadConnector:
             medium = self.tiers.by_name[tier].spec.medium
             link = ("h2d" if job.kind == "load" else "d2h") if medium == "cpu" else tier
             spec = self.tiers.by_name[tier].spec
-            start = max(now, self._free_at.get(link, 0.0))
-            end = start + spec.transfer_time_s(-(-nbytes // self.ranks))
-            self._free_at[link] = end
+            queue = self._shared_free_at if spec.shared else self._free_at
+            start = max(now, queue.get(link, 0.0))
+            # Each TP rank moves its share over its own PCIe link; a network store's
+            # link is the replica's (or the store's), not per rank: the whole job.
+            share = nbytes if medium == "remote" else -(-nbytes // self.ranks)
+            end = start + spec.transfer_time_s(share)
+            queue[link] = end
             self.busy_s[job.kind] += end - start
             self.bytes_moved[job.kind] += nbytes
             done = max(done, end)
         self.num_jobs[job.kind] += 1
+        if job.kind == "promote":
+            self.promoted_chunks += len(job.keys)
         heapq.heappush(self._done, (done, job.job_id))
         return done
 
     # ------------------------------------------------------------ metrics
 
-    def stats(self) -> dict[str, float]:
-        """Totals of the run, under vLLM's metric names where vLLM has one."""
+    def stats(self, tiers: bool = True) -> dict[str, float]:
+        """Totals of the run, under vLLM's metric names where vLLM has one; with
+        ``tiers``, each tier's chunks held, capacity and evictions too."""
         ext = sum(e for _, e in self.external_hits.values())
         out = {
             "num_external_hit_requests": len(self.external_hits),
@@ -178,8 +188,9 @@ class OffloadConnector:
             "num_promote_jobs": self.num_jobs["promote"],
             "load_wait_s": self.load_wait_s,
             "kv_offload_allocation_failure": self.core.num_store_failures,
+            "num_promoted_chunks": self.promoted_chunks,
         }
-        for t in self.tiers.tiers:
+        for t in (self.tiers.tiers if tiers else ()):
             out[f"{t.name}_chunks_held"] = len(t)
             out[f"{t.name}_capacity_chunks"] = t.capacity_chunks
             out[f"{t.name}_chunks_evicted"] = t.num_evicted

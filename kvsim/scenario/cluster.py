@@ -50,17 +50,14 @@ def load_cluster(sc: LoadedScenario) -> tuple[ClusterConfig, list[PoolPlan]]:
         raise ScenarioError(str(exc)) from None
     plans = []
     for p, ls in zip(pools, loaded):
-        if ls.kv_offload is not None:
-            # kvtiers (issue 15): offload tiers run in one engine (kvsim/scenario/kv_offload.py);
-            # replicas do not take a connector yet.
-            raise ScenarioError(f"cluster pool {p.name!r}: engine.kv_offloading_size (KV offloading) "
-                                f"is modelled for one engine only, not yet in a cluster")
         eng = ls.scenario.engine
         plans.append(PoolPlan(
             name=p.name, role=p.role, replicas=p.replicas, scheduler=ls.scheduler,
             sched_config=ls.sched_config, cost_model=ls.cost_model, tp=ls.tp,
             block_bytes_per_rank=ls.model.kv_bytes_per_block(eng.block_size, eng.kv_cache_dtype, ls.tp),
-            kv_replicated=bool(getattr(ls.model, "is_mla", False))))
+            kv_replicated=bool(getattr(ls.model, "is_mla", False)),
+            # KV offload tiers per replica; a remote tier is one store for all (kvtiers, issue 15)
+            connector_factory=ls.kv_offload.make_connector if ls.kv_offload is not None else None))
     return cluster, plans
 
 
@@ -171,6 +168,11 @@ def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig) -> 
         per_pool[pool] = {"role": run.infos[members[0]].role, "replicas": len(members), **numbers}
     summary = {"scenario": sc.name, "scheduler": sc.scheduler, "num_replicas": len(run.replicas),
                "router": cluster.router.policy, **fleet}
+    connectors = [r.scheduler.transfers.connector for r in run.replicas
+                  if getattr(r.scheduler, "transfers", None) is not None]
+    if connectors:                                # KV offloading (kvtiers): the fleet's counters
+        from kvsim.scenario.kv_offload import offload_summary
+        summary["kv_offload"] = offload_summary(connectors, requests)
     steps = pd.concat([s.assign(replica=i.name) for s, i in zip(step_frames, run.infos)],
                       ignore_index=True)
     itl = np.concatenate(itls) if itls else np.zeros(0)

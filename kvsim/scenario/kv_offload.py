@@ -33,21 +33,35 @@ class OffloadSettings:
     tp: int
     cpu: TierSpec
     disk: TierSpec | None = None
+    remote: TierSpec | None = None
 
-    def make_connector(self) -> OffloadConnector:
+    def make_connector(self, shared: dict | None = None) -> OffloadConnector:
+        """A fresh connector; with ``shared`` (one dict per fleet run) every replica's
+        remote tier is the same store, and its network link one queue."""
         tiers = [OffloadTier(self.cpu, self.chunk_bytes)]
         if self.disk is not None:
             tiers.append(OffloadTier(self.disk, self.chunk_bytes))
+        links = None
+        if self.remote is not None:
+            if shared is None:
+                tiers.append(OffloadTier(self.remote, self.chunk_bytes))
+            else:
+                if shared.setdefault("chunk_bytes", self.chunk_bytes) != self.chunk_bytes:
+                    raise ScenarioError("engine.kv_offloading.remote: the pools' chunks differ "
+                                        "(model, TP or blocks_per_chunk); one shared store holds one size")
+                tiers.append(shared.setdefault("remote", OffloadTier(self.remote, self.chunk_bytes)))
+                links = shared.setdefault("links", {})
         return OffloadConnector(OffloadTiers(tiers), block_size=self.block_size,
-                                blocks_per_chunk=self.blocks_per_chunk, link_parallelism=self.tp)
+                                blocks_per_chunk=self.blocks_per_chunk, link_parallelism=self.tp,
+                                shared_links=links)
 
     @property
     def cpu_chunks(self) -> int:
         return self.cpu.capacity_bytes // self.chunk_bytes
 
     def describe(self) -> str:
-        disk = (f", disk {self.disk.capacity_bytes // self.chunk_bytes} chunks at "
-                f"{self.disk.bandwidth_gbps:g} GB/s" if self.disk else "")
+        disk = "".join(f", {t.name} {t.capacity_bytes // self.chunk_bytes} chunks at "
+                       f"{t.bandwidth_gbps:g} GB/s" for t in (self.disk, self.remote) if t)
         return (f"KV offloading: CPU tier {self.cpu_chunks} chunks of {self.blocks_per_chunk} "
                 f"block(s) ({self.chunk_bytes} bytes each) at {self.cpu.bandwidth_gbps:g} GB/s "
                 f"per direction{disk}")
@@ -104,27 +118,55 @@ def offload_settings(eng, *, block_size: int, block_bytes_per_rank: int, tp: int
             raise ScenarioError(f"engine.kv_offloading.disk.capacity_gib: got {d.capacity_gib!r}; "
                                 f"it holds no chunk of {chunk_bytes} bytes: raise it")
         disk = TierSpec("disk", "disk", int(d.capacity_gib * GIB), d.bandwidth_gbps, d.latency_us)
+    remote = None
+    if section.remote is not None:
+        r = section.remote
+        if int(r.capacity_gib * GIB) < chunk_bytes:
+            raise ScenarioError(f"engine.kv_offloading.remote.capacity_gib: got {r.capacity_gib!r}; "
+                                f"it holds no chunk of {chunk_bytes} bytes: raise it")
+        remote = TierSpec("remote", "remote", int(r.capacity_gib * GIB), r.bandwidth_gbps,
+                          r.latency_us, shared=True)
     return OffloadSettings(block_size=block_size, blocks_per_chunk=section.blocks_per_chunk,
-                           chunk_bytes=chunk_bytes, tp=tp, cpu=cpu, disk=disk)
+                           chunk_bytes=chunk_bytes, tp=tp, cpu=cpu, disk=disk, remote=remote)
 
 
-def offload_summary(connector: OffloadConnector, requests) -> dict:
-    """The run's offload counters (``connector.stats()``) with the prefix-cache split
-    vLLM's metrics make: ``vllm:prefix_cache_hits`` counts the GPU hit only,
+def offload_summary(connectors, requests) -> dict:
+    """The run's offload counters (``OffloadConnector.stats()``, summed over a fleet's
+    replicas, a shared tier counted once) with the prefix-cache split vLLM's
+    metrics make: ``vllm:prefix_cache_hits`` counts the GPU hit only,
     ``vllm:external_prefix_cache_queries`` the tokens past it and
     ``vllm:external_prefix_cache_hits`` the tokens the tiers supplied, both
     at a request's first admission (vLLM ``Scheduler.schedule``);
     ``prompt_tokens_cached_by_source`` splits the cached tokens into device
-    (GPU) and host (loaded from the CPU tier; with a disk tier, chunks found on
-    disk are promoted into the CPU tier first and counted under
-    ``disk_promoted_chunks``). ``requests`` is ``Result.requests``.
+    (GPU) and host (loaded from the CPU tier; chunks found below it, on disk or
+    in a remote store, are promoted into the CPU tier first and counted under
+    ``promoted_chunks``). ``connectors``: one ``OffloadConnector`` or a list;
+    ``requests``: ``Result.requests``.
     """
-    out = connector.stats()
+    if isinstance(connectors, OffloadConnector):
+        connectors = [connectors]
+    out: dict = {}
+    for c in connectors:
+        for key, value in c.stats(tiers=False).items():
+            out[key] = out.get(key, 0) + value
+    seen = set()
+    for c in connectors:
+        for t in c.tiers.tiers:
+            name = t.name            # a fleet: each replica's CPU tiers summed, a shared one once
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            for key, value in (("chunks_held", len(t)), ("capacity_chunks", t.capacity_chunks),
+                               ("chunks_evicted", t.num_evicted)):
+                out[f"{name}_{key}"] = out.get(f"{name}_{key}", 0) + value
+    hits: dict = {}
+    for c in connectors:
+        hits.update(c.external_hits)
     looked_up = requests["scheduled_time_s"].notna() & (requests["scheduled_time_s"] < float("inf"))
     gpu = queries = ext = prompt = 0
     for rid, p, cached in zip(requests["request_id"][looked_up], requests["num_prompt_tokens"][looked_up],
                               requests["num_cached_tokens"][looked_up]):
-        local, e = connector.external_hits.get(rid, (int(cached), 0))
+        local, e = hits.get(rid, (int(cached), 0))
         gpu += local
         queries += int(p) - local
         ext += e
@@ -136,6 +178,7 @@ def offload_summary(connector: OffloadConnector, requests) -> dict:
         "external_prefix_cache_hits": ext,
         "external_prefix_cache_hit_rate": ext / queries if queries else None,
         "prompt_tokens_cached_by_source": {"device": gpu, "host": ext},
-        "disk_promoted_chunks": out["kv_offload_promote_bytes"] // connector.tiers.first.chunk_bytes,
+        "promoted_chunks": out["num_promoted_chunks"],
     })
+    del out["num_promoted_chunks"]
     return out

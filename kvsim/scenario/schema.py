@@ -63,6 +63,15 @@ class DiskTierSection(_Section):
     latency_us: float = Field(0.0, ge=0, description="per transfer")
 
 
+class RemoteTierSection(_Section):
+    """A KV store over the network under the local tiers (LMCache remote backend,
+    Mooncake store); in a cluster, one store shared by every replica."""
+
+    capacity_gib: float = Field(gt=0, description="GiB the store holds")
+    bandwidth_gbps: float = Field(gt=0, description="network GB/s (1e9 bytes) to the store")
+    latency_us: float = Field(0.0, ge=0, description="per transfer")
+
+
 class KVOffloadingSection(_Section):
     """kvsim's details of vLLM's native KV offloading (``engine.kv_offloading_size``;
     docs/kv_tiers.md): the chunk, the host link, a disk tier."""
@@ -75,6 +84,7 @@ class KVOffloadingSection(_Section):
                                          "(default: the GPU's pcie_bandwidth_gbps)")
     latency_us: float = Field(0.0, ge=0, description="host<->GPU latency per transfer")
     disk: DiskTierSection | None = None
+    remote: RemoteTierSection | None = None
 
 
 class EngineSection(_Section):
