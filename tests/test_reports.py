@@ -188,3 +188,9 @@ def test_a_cpu_tier_that_holds_the_conversations_halves_the_median_ttft(reports)
     assert rows["GPU only"]["cpu_hit_rate"] == 0.0
     assert rows["CPU 64 GiB"]["cpu_hit_rate"] > 5 * rows["CPU 4 GiB"]["cpu_hit_rate"]
     assert abs(n["load_time_s"] - n["expected_load_time_s"]) < 1e-9
+
+
+def test_a_shared_store_gives_round_robin_replicas_back_the_turns_they_never_saw(reports):
+    n = reports[1]["kv_offload"].numbers
+    assert n["fleet_rr_store_gain"] > 0.1
+    assert abs(n["fleet_pa_store_gain"]) < n["fleet_rr_store_gain"]
