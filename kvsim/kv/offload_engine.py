@@ -17,17 +17,19 @@ time (``.../v1/offloading/worker.py``, ``wk:`` below):
   step (wk ``prepare_store_kv``: "so that offloading starts AFTER transfers
   related to token sampling"), here at the end of the step that built them.
   Stores never lengthen a step; a chunk is readable once its store is done.
-* **A chunk found only on disk** is promoted into the CPU tier first
-  (``TieringOffloadingManager`` RETRY): the disk read is submitted at the
-  lookup; the request is skipped until it is done.
+* **A chunk found only on disk (or in a remote store)** is promoted into the
+  CPU tier first (``TieringOffloadingManager`` RETRY): the read is submitted
+  at the lookup; the request is skipped until it is done.
 
 Each link is a FIFO queue: a transfer of ``b`` bytes starts when the link is
 free and takes ``latency + b / bandwidth`` (``TierSpec.transfer_time_s``).
 The links: ``h2d`` (CPU tier -> GPU, loads) and ``d2h`` (GPU -> CPU tier,
 stores), one per direction as PCIe is full duplex and vLLM runs loads and
-stores on separate CUDA streams; ``disk`` (NVMe, reads and writes). With
-tensor parallelism every rank moves its own share over its own link in
-parallel, so a link carries ``bytes / tp`` of each job.
+stores on separate CUDA streams; ``disk`` (NVMe, reads and writes);
+``remote`` (the network to a store; a store shared by a fleet's replicas has
+one queue for all, ``shared_links``). With tensor parallelism every rank
+moves its own share over its own PCIe link in parallel, so such a link
+carries ``bytes / tp`` of each job.
 
 Simplified (docs/kv_tiers.md section 2): a store to CPU and disk completes as
 one job (when both writes are done); a GPU block reused while its store is
