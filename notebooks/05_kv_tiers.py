@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 5. KV beyond the hash cache: SGLang's radix cache
+# # 5. KV beyond the hash cache: SGLang's radix cache, CPU offload tiers
 #
 # Notebook 4 showed vLLM's prefix cache: full 16-token blocks, each named by a
 # hash of everything before it. SGLang keeps its cache differently: a **radix
@@ -177,3 +177,103 @@ for w in ("multi-turn", "shared prefix"):
 assert rate["n=4", "radix"] < rate["n=4", "hash"] and rate["burst", "radix"] < rate["burst", "hash"]
 assert (df[df["cache"] == "hash"]["partial_block_tokens"] == 0).all()
 assert (df[df["cache"] == "radix"]["partial_block_tokens"] > 0).all()
+
+# %% [markdown]
+# ## 3. Beyond the GPU: a CPU tier behind the prefix cache
+#
+# When the GPU cache runs short it evicts, and a prefix that comes back is
+# recomputed. vLLM's native offloading (`--kv-offloading-size GiB`, the
+# OffloadingConnector; `engine.kv_offloading_size` in a scenario) writes every
+# full prompt chunk through to host memory as it is computed, and a later
+# request that misses on the GPU loads those chunks over PCIe instead.
+#
+# A toy engine first: 10 usable GPU blocks of 4 tokens, each step costs 1 s, a
+# CPU tier of 16 chunks (one block each) whose link moves a chunk in 0.25 s.
+# A (8 blocks) runs; C (8 other blocks) takes A's last 6 GPU blocks; then B
+# repeats A's prompt plus 4 tokens.
+
+# %%
+from kvsim.kv.offload import OffloadTier, TierSpec
+from kvsim.kv.offload_engine import OffloadConnector
+from kvsim.kv.offload_stack import OffloadTiers
+from kvsim.sched.config import SchedulerConfig
+from kvsim.sim.run import run_engine
+from kvsim.workload.request import RequestSpec
+import numpy as np
+
+
+def req(rid, tokens, arrival):
+    return RequestSpec(rid, arrival, np.asarray(tokens, dtype=np.int64), 1)
+
+
+toy = SchedulerConfig(num_gpu_blocks=11, block_size=4, max_model_len=128, max_num_batched_tokens=64)
+A = list(range(1, 33))
+specs = [req("A", A, 0.0), req("C", list(range(100, 132)), 2.0), req("B", A + [7, 7, 7, 7], 4.0)]
+for tier in (None, 16):
+    conn = None if tier is None else OffloadConnector(OffloadTiers(
+        [OffloadTier(TierSpec("cpu", "cpu", tier * 250_000_000, 1.0), 250_000_000)]), block_size=4)
+    steps = []
+    engine = run_engine(specs, toy, connector=conn, trace=steps.append)
+    b = next(r for r in engine.done if r.request_id == "B")
+    print("CPU tier" if conn else "GPU only", [(s["start_time"], s["scheduled"]) for s in steps if s["scheduled"]],
+          "| B first token at", b.first_token_time)
+    if conn:
+        print("  B's hit: (GPU tokens, CPU tokens) =", conn.external_hits["B"])
+        assert conn.external_hits["B"] == (8, 24) and b.first_token_time == 6.5
+
+# %% [markdown]
+# Without the tier B hits A's first 2 blocks (vLLM frees a request's blocks
+# tail first, so those survived) and recomputes 28 tokens. With it, B also
+# finds chunks 2-7 in host memory: its 24 tokens load from t = 4.0 to 5.5 while B
+# waits (WAITING_FOR_REMOTE_KVS: the load is asynchronous, other requests
+# would run meanwhile), then B computes its last 4. (In this toy a step is
+# slower than the load; on a GPU a 2,000-token prompt costs tens of ms to
+# recompute and about 4 ms to load at 64 GB/s.)
+#
+# Now multi-turn chat on Llama-3.1-8B with the GPU cache cut to 2,048 blocks
+# (32,768 tokens): each turn quotes the whole conversation, 30 s later. The
+# same requests without a tier, with a tier smaller than the conversations in
+# flight, and with one that holds them.
+
+# %%
+def conversations(size):
+    sc = {"name": "nb5-offload", "seed": 0, "model": "llama-3.1-8b", "hardware": {"gpu": "h100-sxm"},
+          "engine": {"max_model_len": 16384, "num_gpu_blocks_override": 2048,
+                     "kv_offloading_size": size},
+          "cost_model": {"type": "roofline"},
+          "workload": {"num_requests": 150 if FAST else 600, "arrival": {"type": "poisson", "rate": 0.5},
+                       "sessions": {"turns": 6, "think_time_s": 30.0},
+                       "prefix": {"shared_prompt_tokens": 1000, "num_groups": 8},
+                       "prompt_len": {"type": "lognormal", "median": 300, "sigma": 0.6, "max": 2000},
+                       "output_len": {"type": "uniform", "low": 100, "high": 400}}}
+    return kvsim.simulate(sc)
+
+
+rows = []
+for label, size in (("GPU only", None), ("CPU small", 4 if FAST else 16), ("CPU 64 GiB", 64)):
+    res = conversations(size)
+    k = res.summary.get("kv_offload", {})
+    prompt = int(res.requests["num_prompt_tokens"].sum())
+    rows.append({"tier": label, "gpu_hit_rate": k.get("prefix_cache_hits", res.requests["num_cached_tokens"].sum()) / prompt,
+                 "cpu_hit_rate": k.get("external_prefix_cache_hits", 0) / prompt,
+                 "median_ttft_ms": res.summary["median_ttft_ms"], "p90_ttft_ms": res.summary["p90_ttft_ms"],
+                 "loaded_gib": k.get("kv_offload_load_bytes", 0) / 2**30,
+                 "cpu_evicted_chunks": k.get("cpu_chunks_evicted", 0)})
+tiers = pd.DataFrame(rows)
+display(tiers)
+display(metric_bars(tiers, "tier", ["cpu_hit_rate", "median_ttft_ms"],
+                    ylabels=["CPU-tier hit rate", "median TTFT (ms)"], title="CPU offloading",
+                    what="multi-turn chat over a 32k-token GPU cache"))
+
+# %% [markdown]
+# The GPU cache hits the same in every run (mostly the shared system prompts);
+# the tier adds what the GPU evicted. A small tier evicts most conversations
+# itself before they return (its LRU, `cpu_evicted_chunks`); one that holds
+# them roughly halves the median TTFT. `kvsim report kv_offload` has the full
+# run and a disk tier under the small one.
+
+# %%
+t = tiers.set_index("tier")
+assert t.loc["GPU only", "cpu_hit_rate"] == 0
+assert t.loc["CPU 64 GiB", "cpu_hit_rate"] > t.loc["CPU small", "cpu_hit_rate"] > 0
+assert t.loc["CPU 64 GiB", "median_ttft_ms"] < 0.7 * t.loc["GPU only", "median_ttft_ms"]

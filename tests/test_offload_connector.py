@@ -115,3 +115,16 @@ def test_lmcache_tiers_are_refused():
     tiers = OffloadTiers([OffloadTier(TierSpec("cpu", "cpu", CHUNK, 25.0), CHUNK)], semantics="lmcache")
     with pytest.raises(ValueError, match="semantics: vllm"):
         OffloadingConnectorScheduler(tiers, block_size=4)
+
+
+def test_a_chunk_still_being_stored_on_disk_is_not_promoted():
+    c = connector(cpu_chunks=2, disk_chunks=8)
+    a = Req("A", [11, 12], 8)
+    c.get_num_new_matched_tokens(a, 0)
+    (job,) = c.build_store_jobs([(a, 8)])
+    c.tiers.complete_store([11, 12], tier="cpu")          # the CPU copy is done, the disk's is not
+    c.tiers.by_name["cpu"].prepare_store([21, 22], "X")   # ... and then evicted for other chunks
+    c.tiers.complete_store([21, 22], tier="cpu")
+    b = Req("B", [11, 12, 13], 12)
+    assert c.get_num_new_matched_tokens(b, 0) == (None, False)   # pending on disk: retry
+    assert [j.kind for j in c.jobs_in_flight] == ["store"]        # no promotion of a pending chunk

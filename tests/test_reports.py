@@ -179,3 +179,18 @@ def test_fleet_hit_rate_falls_under_round_robin_and_recovers_under_prefix_aware(
         assert pa[16] >= pa[1] - 0.03 and pa[16] > 2 * rr[16]
     small = n["small cache"]
     assert small["prefix_aware"][16] > small["prefix_aware"][1] + 0.2     # the fleet's caches add up
+
+
+def test_a_cpu_tier_that_holds_the_conversations_halves_the_median_ttft(reports):
+    n = reports[1]["kv_offload"].numbers
+    assert n["ttft_gain"] > 0.3
+    rows = {r["run"]: r for r in n["rows"]}
+    assert rows["GPU only"]["cpu_hit_rate"] == 0.0
+    assert rows["CPU 64 GiB"]["cpu_hit_rate"] > 5 * rows["CPU 4 GiB"]["cpu_hit_rate"]
+    assert abs(n["load_time_s"] - n["expected_load_time_s"]) < 1e-9
+
+
+def test_a_shared_store_gives_round_robin_replicas_back_the_turns_they_never_saw(reports):
+    n = reports[1]["kv_offload"].numbers
+    assert n["fleet_rr_store_gain"] > 0.1
+    assert abs(n["fleet_pa_store_gain"]) < n["fleet_rr_store_gain"]

@@ -35,6 +35,9 @@ class PoolPlan:
     tp: int = 1
     block_bytes_per_rank: int = 0   # one KV block on one TP rank (P/D transfers)
     kv_replicated: bool = False     # MLA: every rank holds the whole latent KV
+    # KV offload tiers (kvtiers, issue 15): a fresh KV connector per replica, given
+    # the fleet run's shared state (one dict per run: a store shared by replicas).
+    connector_factory: Callable[[dict], object] | None = None
 
 
 def _no_horizon() -> float:
@@ -50,8 +53,16 @@ def _no_horizon() -> float:
 def make_replica(env: simpy.Environment, name: str, pool: PoolPlan, *,
                  on_done: Callable[[Request], None], more_input: Callable[[], bool],
                  fast_path: bool = True, trace: Callable[[dict], None] | None = None,
-                 progress: Callable[[float, int], None] | None = None, connector=None) -> Engine:
-    """A replica of ``pool`` named ``name`` in ``env`` (not started); ``connector``: P/D (pd.py)."""
+                 progress: Callable[[float, int], None] | None = None, connector=None,
+                 shared_kv: dict | None = None) -> Engine:
+    """A replica of ``pool`` named ``name`` in ``env`` (not started); ``connector``: P/D
+    (pd.py); else the pool's own (KV offloading, ``PoolPlan.connector_factory``), given
+    ``shared_kv``, the run's state a pool's KV connectors share."""
+    if pool.connector_factory is not None:
+        if connector is not None:
+            raise ValueError("engine.kv_offloading with prefill/decode pools is not modelled "
+                             "(one KV connector per replica)")
+        connector = pool.connector_factory(shared_kv if shared_kv is not None else {})
     return make_engine(pool.sched_config, scheduler=pool.scheduler, cost_model=pool.cost_model,
                        env=env, name=name, fast_path=fast_path, on_done=on_done,
                        more_input=more_input, next_input_time=_no_horizon, trace=trace,

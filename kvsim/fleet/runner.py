@@ -94,6 +94,7 @@ class Fleet:
         link = load_link(cluster.link) if self.disaggregated else None
         ports = LinkPorts()
         self.connectors: list[PrefillSide | DecodeSide | None] = []
+        shared_kv: dict = {}        # a KV store the replicas share (kvtiers: kv/offload_engine.py)
         for pool in pools:
             for k in range(pool.replicas):
                 name = f"{pool.name}-{k}"
@@ -105,7 +106,8 @@ class Fleet:
                 engine = make_replica(
                     self.env, name, pool, on_done=on_done, more_input=self._more_input,
                     fast_path=fast_path, trace=_named_trace(trace, name),
-                    progress=self._report if progress is not None else None, connector=conn)
+                    progress=self._report if progress is not None else None, connector=conn,
+                    shared_kv=shared_kv)
                 if isinstance(conn, PrefillSide):
                     conn.engine = engine
                 self.replicas.append(engine)

@@ -40,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kvsim.kv.offload import chunk_keys
+from kvsim.kv.offload import HIT, MISS, chunk_keys
 from kvsim.kv.offload_stack import OffloadTiers
 
 
@@ -131,7 +131,11 @@ class OffloadingConnectorScheduler:
         """Chunks only below the first tier are copied into it first (``TieringOffloadingManager``)."""
         plan = self.tiers.plan_load(keys, start, hit)
         first = self.tiers.first
-        todo = [k for k in plan.promotions if first.lookup(k) == "miss"]
+        # Only chunks readable below: one whose store into that tier is still in
+        # flight waits (the request retries) until it is done.
+        ready = {k for name, ks in plan.reads.items() if name != first.name
+                 for k in ks if self.tiers.by_name[name].lookup(k) == HIT}
+        todo = [k for k in plan.promotions if first.lookup(k) == MISS and k in ready]
         if not todo:
             return                               # already being promoted or stored
         if first.prepare_store(todo, req.request_id) is None:
@@ -232,6 +236,18 @@ class OffloadingConnectorScheduler:
     @property
     def jobs_in_flight(self) -> list[TransferJob]:
         return list(self._jobs.values())
+
+    @property
+    def num_jobs_created(self) -> int:
+        """Jobs made so far (job ids count from 1): a caller sees a lookup start a promotion."""
+        return self._next_job
+
+    def job(self, job_id: int) -> TransferJob:
+        return self._jobs[job_id]
+
+    def local_hit_tokens(self, request_id) -> int:
+        """The GPU prefix hit of the request's last lookup."""
+        return self._req[request_id].num_local
 
     # ------------------------------------------------------------ private
 

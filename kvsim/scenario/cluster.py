@@ -49,13 +49,20 @@ def load_cluster(sc: LoadedScenario) -> tuple[ClusterConfig, list[PoolPlan]]:
     except ValueError as exc:
         raise ScenarioError(str(exc)) from None
     plans = []
-    for p, ls in zip(pools, loaded):
+    for i, (p, ls) in enumerate(zip(pools, loaded)):
         eng = ls.scenario.engine
+        if ls.kv_offload is not None and p.role != "mixed":
+            # One KV connector per replica: the P/D transfer's (fleet/pd.py) or the tiers'.
+            raise ScenarioError(f"cluster.pools[{i}] ({p.name!r}): engine.kv_offloading with role "
+                                f"{p.role!r} is not modelled (a replica has one KV connector, here "
+                                f"the prefill/decode transfer's); allowed: role mixed")
         plans.append(PoolPlan(
             name=p.name, role=p.role, replicas=p.replicas, scheduler=ls.scheduler,
             sched_config=ls.sched_config, cost_model=ls.cost_model, tp=ls.tp,
             block_bytes_per_rank=ls.model.kv_bytes_per_block(eng.block_size, eng.kv_cache_dtype, ls.tp),
-            kv_replicated=bool(getattr(ls.model, "is_mla", False))))
+            kv_replicated=bool(getattr(ls.model, "is_mla", False)),
+            # KV offload tiers per replica; a remote tier is one store for all (kvtiers, issue 15)
+            connector_factory=ls.kv_offload.make_connector if ls.kv_offload is not None else None))
     return cluster, plans
 
 
@@ -182,6 +189,11 @@ def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig) -> 
         p_requests = _by_arrival(pd.concat([frames[k] for k in prefill], ignore_index=True))
         summary["prefix_cache_hit_rate"] = group(prefill, p_requests)["prefix_cache_hit_rate"]
         summary.update(_pd_summary(requests))
+    connectors = [r.scheduler.transfers.connector for r in run.replicas
+                  if getattr(r.scheduler, "transfers", None) is not None]
+    if connectors:                                # KV offloading (kvtiers): the fleet's counters
+        from kvsim.scenario.kv_offload import offload_summary
+        summary["kv_offload"] = offload_summary(connectors, requests)
     steps = pd.concat([s.assign(replica=i.name) for s, i in zip(step_frames, run.infos)],
                       ignore_index=True)
     itl = np.concatenate(itls) if itls else np.zeros(0)

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from kvsim.cost import build_cost_model
 from kvsim.cost.base import CostModel
 from kvsim.cost.presets import EngineKnobs
+from kvsim.scenario.kv_offload import OffloadSettings, offload_settings
 from kvsim.sched.config import SchedulerConfig
 from kvsim.scenario.schema import (RadixSection, Scenario, ScenarioError, format_validation_error,
                                    parse_overrides, read_scenario_dict)
@@ -49,6 +50,8 @@ class LoadedScenario:
     workload: WorkloadConfig
     # What the run does that the scenario does not say (kvsim run prints them).
     notes: tuple[str, ...] = ()
+    # CPU/disk KV offload tiers (engine.kv_offloading_size; kvsim/scenario/kv_offload.py)
+    kv_offload: OffloadSettings | None = None
 
     @property
     def name(self) -> str:
@@ -222,8 +225,14 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
         msg = str(exc)
         raise ScenarioError(msg if msg.startswith(("cost_model", "engine."))
                             else f"cost_model: {msg}") from None
+    kv_offload = offload_settings(eng, block_size=block_size, block_bytes_per_rank=block_bytes,
+                                  tp=tp, pcie_bandwidth_gbps=gpu.pcie_bandwidth_gbps,
+                                  scheduler=eng.scheduler, prefix_cache=eng.prefix_cache,
+                                  hybrid=kv_groups is not None)
+    if kv_offload is not None:
+        notes.append(kv_offload.describe())
     return LoadedScenario(sc, data, base, model, gpu, tp, capacity, sched_config, cost_model, workload,
-                          tuple(notes))
+                          tuple(notes), kv_offload)
 
 
 def _speculative_config(eng, seed: int, base: Path, max_num_batched_tokens: int):

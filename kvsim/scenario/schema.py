@@ -55,6 +55,38 @@ class RadixSection(_Section):
                                                   "inserted alone too, so its output is evicted first")
 
 
+class DiskTierSection(_Section):
+    """A disk tier under the CPU one (vLLM's tiering ``secondary_tiers``, filesystem)."""
+
+    capacity_gib: float = Field(gt=0, description="GiB of disk for offloaded KV")
+    bandwidth_gbps: float = Field(gt=0, description="NVMe GB/s (1e9 bytes), reads and writes")
+    latency_us: float = Field(0.0, ge=0, description="per transfer")
+
+
+class RemoteTierSection(_Section):
+    """A KV store over the network under the local tiers (LMCache remote backend,
+    Mooncake store); in a cluster, one store shared by every replica."""
+
+    capacity_gib: float = Field(gt=0, description="GiB the store holds")
+    bandwidth_gbps: float = Field(gt=0, description="network GB/s (1e9 bytes) to the store")
+    latency_us: float = Field(0.0, ge=0, description="per transfer")
+
+
+class KVOffloadingSection(_Section):
+    """kvsim's details of vLLM's native KV offloading (``engine.kv_offloading_size``;
+    docs/kv_tiers.md): the chunk, the host link, a disk tier."""
+
+    num_cpu_blocks: int | None = Field(None, ge=1, description="CPU tier size in GPU blocks "
+                                       "(instead of engine.kv_offloading_size GiB)")
+    blocks_per_chunk: int = Field(1, ge=1, description="vLLM kv_connector_extra_config "
+                                  "blocks_per_chunk: GPU blocks per offloaded chunk")
+    bandwidth_gbps: float | None = Field(None, gt=0, description="host<->GPU GB/s per direction "
+                                         "(default: the GPU's pcie_bandwidth_gbps)")
+    latency_us: float = Field(0.0, ge=0, description="host<->GPU latency per transfer")
+    disk: DiskTierSection | None = None
+    remote: RemoteTierSection | None = None
+
+
 class EngineSection(_Section):
     """vLLM engine knobs, under vLLM's names. ``None`` means vLLM's default for the GPU."""
 
@@ -87,6 +119,12 @@ class EngineSection(_Section):
     policy: Literal["fcfs", "priority"] = "fcfs"
     preemption_mode: Literal["recompute", "swap"] | None = None
     swap_space: float = Field(4.0, ge=0.0, description="GiB of CPU swap space per GPU (continuous)")
+    # vLLM 0.33 CacheConfig: CPU KV offloading through the OffloadingConnector (docs/kv_tiers.md)
+    kv_offloading_size: float | None = Field(None, gt=0, description="GiB of CPU memory for "
+                                             "offloaded KV, all TP ranks together (vLLM "
+                                             "--kv-offloading-size)")
+    kv_offloading_backend: Literal["native", "lmcache"] = "native"
+    kv_offloading: KVOffloadingSection | None = None
     kv_cache_dtype: Literal["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8"] = "auto"
     watermark: float | None = Field(None, ge=0.0, lt=1.0)
     scheduler_reserve_full_isl: bool = True

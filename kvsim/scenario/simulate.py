@@ -6,6 +6,7 @@ import numpy as np
 
 from kvsim.metrics.streaming import StreamingStats
 from kvsim.metrics.summary import summarize
+from kvsim.scenario.kv_offload import offload_summary
 from kvsim.scenario.loader import LoadedScenario, load_scenario
 # Result and the tables live in result.py (a fleet builds them too); imported here by name.
 from kvsim.scenario.result import RUN_FILES, Result, itl_seconds, requests_frame, steps_frame
@@ -51,16 +52,23 @@ def simulate(scenario, *, trace=None, overrides=None, fast_path: bool = True,
 
         def hook(now_s: float, num_done: int) -> None:
             progress(now_s, num_done, total)
+    # CPU/disk offload tiers: vLLM's OffloadingConnector (kvsim/kv/offload_engine.py), fresh per run.
+    connector = sc.kv_offload.make_connector() if sc.kv_offload is not None else None
     engine = run_engine(workload.requests(), sc.sched_config, scheduler=sc.scheduler,
                         cost_model=sc.cost_model, trace=trace,
                         concurrency=workload.concurrency, fast_path=fast_path, sink=sink,
-                        progress=hook)
+                        progress=hook, connector=connector)
     if sink is not None:
         summary = sink.stats.summary(num_gpu_blocks=sc.sched_config.num_gpu_blocks)
         summary = {"scenario": sc.name, "scheduler": sc.scheduler, **summary}
+        if connector is not None:
+            summary["kv_offload"] = connector.stats()
         return Result(summary, requests_frame([]), steps_frame(engine), np.zeros(0), sc,
                       engine.stats())
-    return collect_result(engine, sc)
+    result = collect_result(engine, sc)
+    if connector is not None:
+        result.summary["kv_offload"] = offload_summary(connector, result.requests)
+    return result
 
 
 class StreamingSink:

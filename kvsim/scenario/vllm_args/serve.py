@@ -54,6 +54,13 @@ def _only(value, what: str) -> Callable:
     return convert
 
 
+def _only_native_offloading(value):
+    if value != "native":
+        raise Unmodelled("kvsim models the native backend (vLLM's OffloadingConnector); LMCache "
+                         "runs its own server process")
+    return value
+
+
 # vllm/config/cache.py CacheDType -> kvsim's engine.kv_cache_dtype.
 _KV_DTYPES = {"auto": "auto", "float16": "fp16", "bfloat16": "bf16", "fp8": "fp8",
               "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
@@ -166,6 +173,11 @@ SUPPORTED: dict[str, To] = {
     "spec_model": To("engine.speculative_config.model", Rule("str")),
     "spec_tokens": To("engine.speculative_config.num_speculative_tokens",
                       Rule("int", gt=0, source="SpeculativeConfig.num_speculative_tokens")),
+    # CPU KV offloading (vLLM's OffloadingConnector; kvsim/scenario/kv_offload.py, issue 15)
+    "kv_offloading_size": To("engine.kv_offloading_size", Rule("float", source="CacheConfig.kv_offloading_size")),
+    "kv_offloading_backend": To("engine.kv_offloading_backend",
+                                Rule("str", choices=("native", "lmcache")),
+                                _only_native_offloading),
 }
 
 # Flags other work is adding (see the issues named); refused until then.
@@ -178,8 +190,8 @@ PLANNED: dict[str, str] = {
                      "expert_placement_strategy", "enable_dbo", "ubatch_size"),
                     "expert parallelism (MoE, issue 16)"),
     **dict.fromkeys(("quantization", "kv_cache_memory_bytes"), "model and memory specs (issue 16)"),
-    **dict.fromkeys(("kv_offloading_size", "kv_offloading_backend", "kv_transfer_config",
-                     "kv_events_config"), "KV offloading and transfer (issues 14, 15)"),
+    **dict.fromkeys(("kv_transfer_config", "kv_events_config"),
+                    "KV transfer configs (issues 14, 15; CPU offloading: --kv-offloading-size)"),
 }
 
 NO_EFFECT: dict[str, tuple[str, ...]] = {

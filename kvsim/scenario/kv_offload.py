@@ -1,0 +1,184 @@
+"""``engine.kv_offloading_size`` / ``engine.kv_offloading``: CPU (and disk) KV offload tiers for a run.
+
+vLLM 0.33: ``--kv-offloading-size GiB`` with ``--kv-offloading-backend native``
+sets the ``OffloadingConnector`` with ``cpu_bytes_to_use = size * 2**30``
+(``VllmConfig._post_init_kv_transfer_config``); ``CPUOffloadingSpec`` holds
+``cpu_bytes_to_use // round_up(bytes per chunk, page size)`` chunks, where a
+chunk is ``blocks_per_chunk`` GPU blocks of every TP rank
+(``worker_kv_bytes_per_block * world_size``). ``OffloadSettings`` is that
+sizing, resolved once per scenario; ``make_connector()`` builds a fresh
+connector (kv/offload_engine.py) for each run. docs/kv_tiers.md section 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvsim.kv.offload import OffloadTier, TierSpec
+from kvsim.kv.offload_engine import OffloadConnector
+from kvsim.kv.offload_stack import OffloadTiers
+from kvsim.scenario.schema import KVOffloadingSection, ScenarioError
+
+GIB = 1 << 30
+PAGE_BYTES = 4096        # vLLM SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT = mmap.PAGESIZE (x86-64 Linux)
+
+
+@dataclass(frozen=True)
+class OffloadSettings:
+    """What one engine's offload tiers are: sizes in chunks, links, the chunk."""
+
+    block_size: int
+    blocks_per_chunk: int
+    chunk_bytes: int                 # one chunk, all TP ranks, page-aligned
+    tp: int
+    cpu: TierSpec
+    disk: TierSpec | None = None
+    remote: TierSpec | None = None
+
+    def make_connector(self, shared: dict | None = None) -> OffloadConnector:
+        """A fresh connector; with ``shared`` (one dict per fleet run) every replica's
+        remote tier is the same store, and its network link one queue."""
+        tiers = [OffloadTier(self.cpu, self.chunk_bytes)]
+        if self.disk is not None:
+            tiers.append(OffloadTier(self.disk, self.chunk_bytes))
+        links = None
+        if self.remote is not None:
+            if shared is None:
+                tiers.append(OffloadTier(self.remote, self.chunk_bytes))
+            else:
+                if shared.setdefault("chunk_bytes", self.chunk_bytes) != self.chunk_bytes:
+                    raise ScenarioError("engine.kv_offloading.remote: the pools' chunks differ "
+                                        "(model, TP or blocks_per_chunk); one shared store holds one size")
+                tiers.append(shared.setdefault("remote", OffloadTier(self.remote, self.chunk_bytes)))
+                links = shared.setdefault("links", {})
+        return OffloadConnector(OffloadTiers(tiers), block_size=self.block_size,
+                                blocks_per_chunk=self.blocks_per_chunk, link_parallelism=self.tp,
+                                shared_links=links)
+
+    @property
+    def cpu_chunks(self) -> int:
+        return self.cpu.capacity_bytes // self.chunk_bytes
+
+    def describe(self) -> str:
+        disk = "".join(f", {t.name} {t.capacity_bytes // self.chunk_bytes} chunks at "
+                       f"{t.bandwidth_gbps:g} GB/s" for t in (self.disk, self.remote) if t)
+        return (f"KV offloading: CPU tier {self.cpu_chunks} chunks of {self.blocks_per_chunk} "
+                f"block(s) ({self.chunk_bytes} bytes each) at {self.cpu.bandwidth_gbps:g} GB/s "
+                f"per direction{disk}")
+
+
+def offload_settings(eng, *, block_size: int, block_bytes_per_rank: int, tp: int, pcie_bandwidth_gbps: float,
+                     scheduler: str, prefix_cache: str, hybrid: bool) -> OffloadSettings | None:
+    """The tiers ``engine`` asks for, or None; ScenarioError (one line) for what cannot run."""
+    section = eng.kv_offloading
+    if eng.kv_offloading_size is None and (section is None or section.num_cpu_blocks is None):
+        if section is not None:
+            raise ScenarioError("engine.kv_offloading: set, but the CPU tier has no size; set "
+                                "engine.kv_offloading_size (GiB) or engine.kv_offloading.num_cpu_blocks")
+        return None
+    if section is not None and section.num_cpu_blocks is not None and eng.kv_offloading_size is not None:
+        raise ScenarioError("engine.kv_offloading.num_cpu_blocks: set with engine.kv_offloading_size; "
+                            "give the CPU tier's size once (GiB or blocks)")
+    why = None
+    if eng.kv_offloading_backend != "native":
+        why = (f"engine.kv_offloading_backend: {eng.kv_offloading_backend!r} is not modelled "
+               f"(LMCache runs its own server process); allowed: native")
+    elif scheduler != "chunked":
+        why = (f"engine.scheduler: {scheduler!r} with KV offloading; vLLM's OffloadingConnector "
+               f"is a V1 connector: use scheduler: chunked")
+    elif not eng.enable_prefix_caching:
+        why = ("engine.enable_prefix_caching: false with KV offloading; the offloaded chunks are "
+               "keyed by the block hashes: enable prefix caching")
+    elif prefix_cache != "hash":
+        why = ("engine.prefix_cache: radix with KV offloading; the radix cache takes no KV from a "
+               "connector: use prefix_cache: hash")
+    elif hybrid:
+        why = ("KV offloading for a model with several KV-cache groups (sliding window, Mamba) is "
+               "not modelled: one full-attention group only")
+    if why:
+        raise ScenarioError(why)
+    section = section or KVOffloadingSection()
+    per_chunk = block_bytes_per_rank * tp * section.blocks_per_chunk
+    chunk_bytes = -(-per_chunk // PAGE_BYTES) * PAGE_BYTES
+    if section.num_cpu_blocks is not None:
+        num_chunks = section.num_cpu_blocks // section.blocks_per_chunk
+        where = f"engine.kv_offloading.num_cpu_blocks: got {section.num_cpu_blocks}"
+    else:
+        num_chunks = int(eng.kv_offloading_size * GIB) // chunk_bytes
+        where = f"engine.kv_offloading_size: got {eng.kv_offloading_size!r} GiB"
+    if num_chunks < 1:
+        raise ScenarioError(f"{where}; it holds no chunk of {section.blocks_per_chunk} block(s) "
+                            f"({chunk_bytes} bytes): raise it")
+    cpu = TierSpec("cpu", "cpu", num_chunks * chunk_bytes,
+                   section.bandwidth_gbps or pcie_bandwidth_gbps, section.latency_us)
+    disk = None
+    if section.disk is not None:
+        d = section.disk
+        if int(d.capacity_gib * GIB) < chunk_bytes:
+            raise ScenarioError(f"engine.kv_offloading.disk.capacity_gib: got {d.capacity_gib!r}; "
+                                f"it holds no chunk of {chunk_bytes} bytes: raise it")
+        disk = TierSpec("disk", "disk", int(d.capacity_gib * GIB), d.bandwidth_gbps, d.latency_us)
+    remote = None
+    if section.remote is not None:
+        r = section.remote
+        if int(r.capacity_gib * GIB) < chunk_bytes:
+            raise ScenarioError(f"engine.kv_offloading.remote.capacity_gib: got {r.capacity_gib!r}; "
+                                f"it holds no chunk of {chunk_bytes} bytes: raise it")
+        remote = TierSpec("remote", "remote", int(r.capacity_gib * GIB), r.bandwidth_gbps,
+                          r.latency_us, shared=True)
+    return OffloadSettings(block_size=block_size, blocks_per_chunk=section.blocks_per_chunk,
+                           chunk_bytes=chunk_bytes, tp=tp, cpu=cpu, disk=disk, remote=remote)
+
+
+def offload_summary(connectors, requests) -> dict:
+    """The run's offload counters (``OffloadConnector.stats()``, summed over a fleet's
+    replicas, a shared tier counted once) with the prefix-cache split vLLM's
+    metrics make: ``vllm:prefix_cache_hits`` counts the GPU hit only,
+    ``vllm:external_prefix_cache_queries`` the tokens past it and
+    ``vllm:external_prefix_cache_hits`` the tokens the tiers supplied, both
+    at a request's first admission (vLLM ``Scheduler.schedule``);
+    ``prompt_tokens_cached_by_source`` splits the cached tokens into device
+    (GPU) and host (loaded from the CPU tier; chunks found below it, on disk or
+    in a remote store, are promoted into the CPU tier first and counted under
+    ``promoted_chunks``). ``connectors``: one ``OffloadConnector`` or a list;
+    ``requests``: ``Result.requests``.
+    """
+    if isinstance(connectors, OffloadConnector):
+        connectors = [connectors]
+    out: dict = {}
+    for c in connectors:
+        for key, value in c.stats(tiers=False).items():
+            out[key] = out.get(key, 0) + value
+    seen = set()
+    for c in connectors:
+        for t in c.tiers.tiers:
+            name = t.name            # a fleet: each replica's CPU tiers summed, a shared one once
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            for key, value in (("chunks_held", len(t)), ("capacity_chunks", t.capacity_chunks),
+                               ("chunks_evicted", t.num_evicted)):
+                out[f"{name}_{key}"] = out.get(f"{name}_{key}", 0) + value
+    hits: dict = {}
+    for c in connectors:
+        hits.update(c.external_hits)
+    looked_up = requests["scheduled_time_s"].notna() & (requests["scheduled_time_s"] < float("inf"))
+    gpu = queries = ext = prompt = 0
+    for rid, p, cached in zip(requests["request_id"][looked_up], requests["num_prompt_tokens"][looked_up],
+                              requests["num_cached_tokens"][looked_up]):
+        local, e = hits.get(rid, (int(cached), 0))
+        gpu += local
+        queries += int(p) - local
+        ext += e
+        prompt += int(p)
+    out.update({
+        "prefix_cache_queries": prompt,
+        "prefix_cache_hits": gpu,
+        "external_prefix_cache_queries": queries,
+        "external_prefix_cache_hits": ext,
+        "external_prefix_cache_hit_rate": ext / queries if queries else None,
+        "prompt_tokens_cached_by_source": {"device": gpu, "host": ext},
+        "promoted_chunks": out["num_promoted_chunks"],
+    })
+    del out["num_promoted_chunks"]
+    return out
