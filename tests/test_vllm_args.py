@@ -163,10 +163,10 @@ def test_an_unmodelled_flag_is_refused_with_the_supported_list():
 
 
 def test_ignore_unsupported_lists_what_it_skipped():
-    mapped = map_serve_args("--enable-eplb -pp 2 --kv-offloading-size 64 --block-size 32 "
+    mapped = map_serve_args("--enable-eplb -pp 2 --kv-cache-memory-bytes 64 --block-size 32 "
                             "--port 1", ignore_unsupported=True)
     assert mapped.overrides == [("engine.block_size", 32)]
-    assert mapped.ignored == ["--enable-eplb", "-pp 2", "--kv-offloading-size 64"]
+    assert mapped.ignored == ["--enable-eplb", "-pp 2", "--kv-cache-memory-bytes 64"]
     assert mapped.no_effect == ["--port"]
 
 
@@ -305,22 +305,22 @@ def test_kvsim_run_takes_both_command_lines(tmp_path):
     path.write_text(yaml.safe_dump(SCENARIO))
     done = kvsim("run", str(path), "--json", "--ignore-unsupported",
                  "--serve-args", "vllm serve meta-llama/Llama-3.1-8B --max-num-seqs 4 "
-                                "--kv-offloading-size 8",
+                                "--kv-cache-memory-bytes 8",
                  "--bench-args", "--dataset-name random --random-input-len 64 --random-output-len 8 "
                                  "--num-prompts 12 --max-concurrency 3")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert (summary["completed"], summary["total_input_tokens"]) == (12, 12 * 64)
     assert summary["max_concurrent_requests"] == 3
-    assert ("--serve-args: ignored (not modelled by kvsim): --kv-offloading-size 8"
+    assert ("--serve-args: ignored (not modelled by kvsim): --kv-cache-memory-bytes 8"
             in done.stderr)
 
 
 def test_kvsim_run_refuses_an_unsupported_flag_in_one_line(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(SCENARIO))
-    done = kvsim("run", str(path), "--serve-args=--kv-offloading-size 8")
+    done = kvsim("run", str(path), "--serve-args=--kv-cache-memory-bytes 8")
     assert done.returncode == 2
     assert len(done.stderr.strip().splitlines()) == 1
-    assert done.stderr.startswith("kvsim run: error: --serve-args: --kv-offloading-size: "
+    assert done.stderr.startswith("kvsim run: error: --serve-args: --kv-cache-memory-bytes: "
                                   "kvsim does not model")

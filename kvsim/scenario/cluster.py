@@ -189,8 +189,10 @@ def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig) -> 
         p_requests = _by_arrival(pd.concat([frames[k] for k in prefill], ignore_index=True))
         summary["prefix_cache_hit_rate"] = group(prefill, p_requests)["prefix_cache_hit_rate"]
         summary.update(_pd_summary(requests))
-    connectors = [r.scheduler.transfers.connector for r in run.replicas
-                  if getattr(r.scheduler, "transfers", None) is not None]
+    # (P/D pools have their own connectors and never offload: refused at load.)
+    connectors = [] if run.transfers is not None else [
+        r.scheduler.transfers.connector for r in run.replicas
+        if getattr(r.scheduler, "transfers", None) is not None]
     if connectors:                                # KV offloading (kvtiers): the fleet's counters
         from kvsim.scenario.kv_offload import offload_summary
         summary["kv_offload"] = offload_summary(connectors, requests)
