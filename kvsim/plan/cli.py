@@ -117,7 +117,15 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         data["model"] = args.model
     if args.num_requests is not None:
         data.setdefault("workload", {})["num_requests"] = args.num_requests
-    return parse_plan(data, base_dir)
+    try:
+        return parse_plan(data, base_dir)
+    except PlanError as exc:
+        # A bad --router names the flag, not the plan.fleet.routers entry it became.
+        message = str(exc)
+        for i, router in enumerate(args.router or ()):
+            for where in (f"plan.fleet.routers[{i}].policy", f"plan.fleet.routers[{i}]"):
+                message = message.replace(where, f"--router {router}")
+        raise PlanError(message) from None
 
 
 def plan_command(args: argparse.Namespace) -> int:
