@@ -534,6 +534,18 @@ CASES += [
          overrides={"cluster": {"pools": [{"name": "a"}]}, "plan": {**PLAN, "fleet": {}}}),
     Case("plan-router-flag-unknown", 2, ("--router fastest", "allowed: round_robin"), outputs=False,
          command=(*PLAN_COMMAND, "--router", "fastest"), overrides={"plan": PLAN}),
+    Case("plan-out-is-a-file", 2, ("--out", "afile", "is a file, not a folder"), outputs=False,
+         command=("plan", "{tmp}/s.yaml", "--out", "{tmp}/afile"), overrides={"plan": PLAN},
+         setup=write("afile", "KEEP ME\n")),
+    Case("plan-csv-is-a-folder", 2, ("--out", "plan.csv is a folder"), outputs=False,
+         command=PLAN_COMMAND, overrides={"plan": {**PLAN, "fleet": {"max_replicas": 2}}},
+         setup=lambda tmp: (tmp / "p" / "plan.csv").mkdir(parents=True)),
+    # --- refused combinations the knob fuzz test found (tests/test_knob_combinations.py) ---
+    Case("spec-with-radix", 2, ("engine.speculative_config", "prefix_cache: radix", "use prefix_cache: hash"),
+         overrides={"engine.speculative_config": SPEC, "engine.prefix_cache": "radix"}),
+    Case("spec-with-hybrid-manager", 2, ("engine.speculative_config", "gemma-3-1b", "hybrid KV manager"),
+         overrides={"engine.speculative_config": SPEC, "model": "gemma-3-1b",
+                    "engine.num_gpu_blocks_override": 4096}),
     # --- kvsim bench --compare REF ---
     Case("compare-ref-unknown", 2, ("--compare nosuchref", "neither a folder nor a git commit"), outputs=False,
          command=(*COMPARE, "nosuchref")),

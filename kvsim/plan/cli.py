@@ -130,6 +130,10 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
 
 def plan_command(args: argparse.Namespace) -> int:
     plan = plan_from_args(args)
+    if args.out:
+        # Checked before the probes (minutes), not found when the results are written.
+        from kvsim.scenario.outputs import check_output_dir
+        check_output_dir(args.out, files=("plan.csv", "plan.png", "probes.jsonl"))
     t0 = time.perf_counter()
     progress = None
     if sys.stderr.isatty():   # a redrawn count on a terminal; nothing when piped or in CI
