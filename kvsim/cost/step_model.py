@@ -247,6 +247,7 @@ class StepCostModel:
         window, decode_keys = self._window, self.shapes.decode_keys
         n = float(num_seqs)
         q_bytes, per_seq = n * self._q_bytes_per_token, spt * n
+        host = launch + cpu
         times, durations = [start], []
         t, context = start, context_token_sum
         for _ in range(max_steps):
@@ -258,8 +259,12 @@ class StepCostModel:
                 keys = decode_keys(n, keys)
             per_layer = max(spf * (keys * fpp), spb * ((keys + n) * kvb + q_bytes), floor_s) \
                 + const_s + per_seq
-            d = _combine((linear + num_layers * per_layer + allreduce) * scale, launch, cpu,
-                         overlap_cpu)
+            # _combine(kernels, launch, cpu, overlap_cpu), inlined (the same operations).
+            d = (linear + num_layers * per_layer + allreduce) * scale
+            if overlap_cpu:
+                d = d if d >= host else host
+            else:
+                d = (d if d >= launch else launch) + cpu
             t += d
             times.append(t)
             durations.append(d)

@@ -70,6 +70,7 @@ class HybridKVCacheManager(HybridDecodeRuns):
     """vLLM KVCacheManager + HybridKVCacheCoordinator for several KV-cache groups."""
 
     caches_at_schedule_time = True            # A4, as the single-group manager
+    aligns_chunks = True                   # Mamba groups cut prefills at block boundaries (align_chunk)
 
     def __init__(self, groups: KVCacheGroups, num_gpu_blocks: int, *, max_model_len: int,
                  max_num_batched_tokens: int, long_prefill_token_threshold: int = 0,

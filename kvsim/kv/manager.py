@@ -41,6 +41,7 @@ class KVCacheManager:
     # step instead (SGLang G3); the chunked scheduler asks this to know whether
     # to call its ``cache_after_step``, and whether a decode run can grow a hit.
     caches_at_schedule_time = True
+    aligns_chunks = False                   # align_chunk is the identity (one group)
 
     def __init__(self, num_gpu_blocks: int, block_size: int, *, max_model_len: int,
                  enable_caching: bool = True, lifo_unhashed: bool = True,

@@ -102,6 +102,7 @@ class RadixKVManager:
     # vLLM hashes full blocks when they are scheduled (A4); the radix tree
     # takes tokens in after the step (G3), through ``cache_after_step``.
     caches_at_schedule_time = False
+    aligns_chunks = False                   # align_chunk is the identity (one group)
     enable_caching = True
 
     def __init__(self, num_gpu_blocks: int, block_size: int, *, max_model_len: int,

@@ -61,9 +61,6 @@ class ChunkedScheduler(ChunkedDecodeRuns, AsyncFinishing, PagedScheduler):
 
     # ------------------------------------------------------------ protocol
 
-    def add_request(self, req: Request) -> None:
-        self.waiting.add(req)
-
     def has_requests(self) -> bool:
         t = self.transfers
         return (bool(self.running) or bool(len(self.waiting))
@@ -171,21 +168,29 @@ class ChunkedScheduler(ChunkedDecodeRuns, AsyncFinishing, PagedScheduler):
     # ------------------------------------------------------------- running
 
     def _schedule_running(self, plan: StepPlan, budget: StepBudget) -> StepBudget:
-        """S2: give each running request its chunk, preempting when blocks run out."""
+        """S2: give each running request its chunk, preempting when blocks run out.
+
+        The budget's two counters are kept in locals for the loop (the same
+        arithmetic as ``StepBudget.room`` / ``take``; written back around a
+        preemption, which gives a victim's tokens back)."""
         cfg = self.config
         running, allocate, scheduled = self.running, self.kv.allocate_slots, plan.scheduled
-        chunk, lookahead = self.running_chunk, self._lookahead
+        chunk, lookahead, cadence = self.running_chunk, self._lookahead, self.cadence
+        tokens, inputs, slots = budget.tokens, budget.inputs, budget.draft_slots
         scheduled_now: dict[str, int] = {}
         i = 0
-        while i < len(running) and budget.open:
+        while i < len(running) and tokens > 0 and inputs > slots:
             req = running[i]
             computed = req.num_computed_tokens
-            n = chunk(req, budget.room)
+            room = inputs - slots
+            n = chunk(req, tokens if tokens < room else room)
             if n <= 0:
                 i += 1
                 continue
             if allocate(req, n, num_lookahead_tokens=lookahead) is None:
+                budget.tokens, budget.inputs = tokens, inputs
                 i, budget = self._preempt_for(req, n, i, budget, plan, scheduled_now)
+                tokens, inputs = budget.tokens, budget.inputs
                 scheduled = plan.scheduled
                 if req.status is RequestStatus.PREEMPTED:
                     if cfg.policy == "priority":
@@ -195,10 +200,12 @@ class ChunkedScheduler(ChunkedDecodeRuns, AsyncFinishing, PagedScheduler):
                     break
             scheduled.append((req, n, computed))
             scheduled_now[req.request_id] = n
-            if req in self.cadence.chunks:
-                self.cadence.carried = True         # prefill_schedule_interval: a prefill chunk ran
-            budget.take(n)
+            if cadence.on and req in cadence.chunks:
+                cadence.carried = True              # prefill_schedule_interval: a prefill chunk ran
+            tokens -= n
+            inputs -= n + slots
             i += 1
+        budget.tokens, budget.inputs = tokens, inputs
         return budget
 
     def running_chunk(self, req: Request, budget: int) -> int:
@@ -209,8 +216,8 @@ class ChunkedScheduler(ChunkedDecodeRuns, AsyncFinishing, PagedScheduler):
         """
         if req.status is RequestStatus.FINISHED:
             return 0                 # async scheduling: its last token is in flight
-        if self.cadence.skips(req):
-            return 0                                # prefill_schedule_interval: a held step
+        if self.cadence.held and req in self.cadence.chunks:
+            return 0                                # prefill_schedule_interval: a held step (skips)
         computed = req.num_computed_tokens
         n = req.prompt_len + req.num_output_tokens - computed      # num_tokens - computed
         if self._drafts is not None:
@@ -218,8 +225,9 @@ class ChunkedScheduler(ChunkedDecodeRuns, AsyncFinishing, PagedScheduler):
         if 0 < self._threshold < n:
             n = self._threshold
         n = min(n, budget, self.config.max_model_len - computed - 1)
-        # vLLM _mamba_block_aligned_split (hybrid Mamba models; else unchanged).
-        return self.kv.align_chunk(req, n) if n > 0 else n
+        if n > 0 and self.kv.aligns_chunks:
+            n = self.kv.align_chunk(req, n)         # vLLM _mamba_block_aligned_split (hybrid Mamba)
+        return n
 
     def _preempt_for(self, req: Request, n: int, i: int, budget: StepBudget, plan: StepPlan,
                       scheduled_now: dict[str, int]) -> tuple[int, StepBudget]:

@@ -39,9 +39,6 @@ class ContinuousScheduler(PagedScheduler):
 
     # ------------------------------------------------------------ protocol
 
-    def add_request(self, req: Request) -> None:
-        self.waiting.add(req)
-
     def has_requests(self) -> bool:
         return bool(self.running or self.swapped or len(self.waiting))
 

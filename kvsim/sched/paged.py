@@ -27,6 +27,16 @@ class PagedScheduler:
 
     # ------------------------------------------------------- state queries
 
+    # A waiting queue (``self.waiting``, set by the subclass) and the running list.
+    def add_request(self, req: Request) -> None:
+        self.waiting.add(req)
+
+    def has_requests(self) -> bool:
+        return bool(self.running) or bool(len(self.waiting))
+
+    def get_request_counts(self) -> tuple[int, int]:
+        return len(self.running), len(self.waiting)
+
     @property
     def num_usable_blocks(self) -> int:
         return self.kv.num_usable_blocks

@@ -59,15 +59,6 @@ class SimpleChunkingScheduler(PagedScheduler):
 
     # ------------------------------------------------------------ protocol
 
-    def add_request(self, req: Request) -> None:
-        self.waiting.add(req)
-
-    def has_requests(self) -> bool:
-        return bool(self.running) or bool(len(self.waiting))
-
-    def get_request_counts(self) -> tuple[int, int]:
-        return len(self.running), len(self.waiting)
-
     def pop_unschedulable(self) -> Request | None:
         return self.waiting.pop() if len(self.waiting) else None
 

@@ -70,7 +70,8 @@ class EngineRecords:
         drafts = plan.scheduled_drafts
         for req, n, ctx in plan.scheduled:
             # A one-token step of a request past its prompt is a decode (with its drafts).
-            if ctx >= req.prompt_len and n - drafts.get(req.request_id, 0) == 1:
+            if ctx >= req.prompt_len and (n == 1 if not drafts
+                                          else n - drafts.get(req.request_id, 0) == 1):
                 decode += 1
             else:
                 prefill += n
