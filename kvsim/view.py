@@ -2,6 +2,7 @@
 
     kvsim view out/qs              # a `kvsim run --out` folder -> out/qs/index.html
     kvsim view out/sweep           # a `kvsim sweep --out` folder (results.csv)
+    kvsim view out/plan            # a `kvsim plan --out` folder (plan.csv, plan.png, runs/)
 
 The page has everything inline: CSS in a ``<style>``, every figure a PNG in a
 ``data:`` URI, no script but an ``onload`` that marks an image as shown. Its
@@ -61,9 +62,12 @@ def render_view(folder: str | Path) -> str:
         title, body = _sweep_page(folder)
     elif (folder / "summary.json").is_file():
         title, body = _run_page(folder)
+    elif (folder / "plan.csv").is_file():
+        title, body = _plan_page(folder)
     else:
-        raise FileNotFoundError(f"{folder}: neither a run folder (summary.json, from kvsim run --out) "
-                                f"nor a sweep folder (results.csv, from kvsim sweep --out)")
+        raise FileNotFoundError(f"{folder}: neither a run folder (summary.json, from kvsim run --out), "
+                                f"a sweep folder (results.csv, from kvsim sweep --out) nor a plan "
+                                f"folder (plan.csv, from kvsim plan --out)")
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
             f"<title>{_e(title)}</title><style>{STYLE}</style></head>\n<body>\n"
@@ -211,6 +215,35 @@ def _sweep_figures(ok: pd.DataFrame, varying: list[str], name: str):
     return figures
 
 
+# --------------------------------------------------------------------------- plan
+
+def _plan_page(folder: Path) -> tuple[str, str]:
+    """A ``kvsim plan --out`` folder: the answer, plan.png, every candidate, the runs to replay."""
+    table = _csv(folder / "plan.csv", needs=("candidate", "status", "num_gpus"))
+    if table is None or table.empty:
+        raise ValueError(f"{folder / 'plan.csv'}: no candidates")
+    fleet = "router" in table.columns                # a fleet plan: kvsim/plan/fleet.py
+    ok = table[table["status"] == "ok"]
+    what = "candidate x router rows" if fleet else "candidates"
+    parts = [f'<p class="note">kvsim {"fleet " if fleet else ""}plan in folder {_e(str(folder))}: '
+             f"{len(table)} {what}, {len(ok)} meet the SLOs. Times are simulated.</p>"]
+    gpus = pd.to_numeric(ok["num_gpus"], errors="coerce")
+    if gpus.notna().any():
+        best = ok[gpus == gpus.min()]
+        parts.append("<h2>Fewest GPUs</h2>" + _table(best[[c for c in (
+            "candidate", "router", "replicas", "num_gpus", "max_rate_req_s", "prefix_cache_hit_rate",
+            "binding", "detail") if c in best.columns]]))
+    picture = folder / "plan.png"
+    if picture.is_file():
+        parts.append("<h2>GPUs per candidate</h2>" + _image(picture.read_bytes(), "plan.png"))
+    parts.append(f"<h2>Every {'row' if fleet else 'candidate'}</h2>" + _table(table))
+    runs = sorted((folder / "runs").glob("*.yaml")) if (folder / "runs").is_dir() else []
+    if runs:
+        items = "".join(f"<li><code>kvsim run {_e(str(r))}</code></li>" for r in runs)
+        parts.append(f"<h2>Scenarios at the answer</h2><ul>{items}</ul>")
+    return f"kvsim plan: {folder.resolve().name}", "\n".join(parts)
+
+
 # --------------------------------------------------------------------------- html pieces
 
 def _figure(fig) -> str:
@@ -218,7 +251,12 @@ def _figure(fig) -> str:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=80)
     fig.clear()                       # release the artists: a sweep page draws several
-    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return _image(buffer.getvalue(), alt, escaped=True)
+
+
+def _image(png: bytes, alt: str, *, escaped: bool = False) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    alt = alt if escaped else _e(alt)
     return f'<img alt="{alt}" src="data:image/png;base64,{data}" onload="this.dataset.loaded=1">'
 
 
@@ -282,9 +320,10 @@ def _csv(path: Path, needs: tuple[str, ...] = ()) -> pd.DataFrame | None:
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "view", help="one self-contained HTML page of a run or a sweep folder",
+        "view", help="one self-contained HTML page of a run, sweep or plan folder",
         description="Write one HTML page (inline CSS, figures as inline PNGs, no server, no CDN) "
-                    "of a `kvsim run --out DIR` or `kvsim sweep --out DIR` folder; prints its path.")
+                    "of a `kvsim run --out DIR`, `kvsim sweep --out DIR` or `kvsim plan --out DIR` folder; "
+                    "prints its path.")
     p.add_argument("folder", metavar="RUN_OR_SWEEP_DIR", type=Path)
     p.add_argument("--out", type=Path, metavar="FILE.html", help="default: DIR/index.html")
     p.set_defaults(func=view_command)

@@ -53,6 +53,32 @@ def sweep_dir(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def plan_dir(tmp_path_factory):
+    """A fleet plan's folder as kvsim/plan/output.py writes it (plan.csv, plan.png, runs/)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from kvsim.plan.fleet import FLEET_COLUMNS
+
+    out = tmp_path_factory.mktemp("plan")
+    rows = [{c: None for c in FLEET_COLUMNS} | {"candidate": "h100-sxm tp1", "gpu": "h100-sxm", "tp": 1,
+                                               "router": router, "status": "ok", "replicas": n,
+                                               "num_gpus": n, "prefix_cache_hit_rate": hit,
+                                               "binding": "p99_ttft_ms", "detail": "2100 > 2000"}
+            for router, n, hit in (("round_robin", 6, 0.2), ("prefix_aware", 4, 0.7))]
+    rows.append({c: None for c in FLEET_COLUMNS} | {"candidate": "l4 tp1", "router": "round_robin",
+                                                   "status": "infeasible", "detail": "over 64 replicas"})
+    pd.DataFrame(rows, columns=FLEET_COLUMNS).to_csv(out / "plan.csv", index=False)
+    fig, ax = plt.subplots()
+    ax.bar([0, 1], [6, 4], color=["tab:blue", "tab:orange"])
+    fig.savefig(out / "plan.png")
+    (out / "runs").mkdir()
+    (out / "runs" / "h100-sxm_tp1_prefix_aware.yaml").write_text("name: x\n")
+    return out
+
+
 def browse(page_path, tmp_path, *args):
     profile = tmp_path / f"profile-{len(list(tmp_path.iterdir()))}"
     done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
@@ -91,6 +117,18 @@ def test_a_sweep_page_names_the_best_point_for_each_goal(sweep_dir):
     assert "Throughput per GPU against tokens/s per user" in page
 
 
+def test_a_plan_page_shows_the_fewest_gpus_the_figure_and_the_runs(plan_dir):
+    page = render_view(plan_dir)
+    assert f"<h1>kvsim plan: {plan_dir.name}</h1>" in page
+    assert "3 candidate x router rows, 2 meet the SLOs" in page
+    section = page.split("<h2>Fewest GPUs</h2>")[1].split("<h2>")[0]
+    rows = [re.findall(r"<t[dh]>([^<]*)</t[dh]>", row) for row in re.findall(r"<tr>(.*?)</tr>", section)]
+    assert rows[1][:4] == ["h100-sxm tp1", "prefix_aware", "4", "4"] and len(rows) == 2
+    assert re.findall(r'<img alt="([^"]*)" src="data:image/png;base64,', page) == ["plan.png"]
+    assert "kvsim run " + str(plan_dir / "runs" / "h100-sxm_tp1_prefix_aware.yaml") in page
+    assert not re.search(r"""(src|href)=["'](?!data:)""", page)
+
+
 def test_kvsim_view_writes_index_html_and_prints_its_path(run_dir, capsys):
     assert main(["view", str(run_dir)]) == 0
     assert capsys.readouterr().out.strip() == str(run_dir / "index.html")
@@ -103,9 +141,9 @@ def test_a_folder_with_nothing_to_show_is_one_line(tmp_path, capsys):
 
 
 @needs_chromium
-@pytest.mark.parametrize("which", ["run", "sweep"])
-def test_chromium_shows_the_tables_and_decodes_every_image(which, run_dir, sweep_dir, tmp_path):
-    folder = run_dir if which == "run" else sweep_dir
+@pytest.mark.parametrize("which", ["run", "sweep", "plan"])
+def test_chromium_shows_the_tables_and_decodes_every_image(which, run_dir, sweep_dir, plan_dir, tmp_path):
+    folder = {"run": run_dir, "sweep": sweep_dir, "plan": plan_dir}[which]
     page = tmp_path / "index.html"
     page.write_text(render_view(folder))
     dom = browse(page, tmp_path, "--dump-dom")

@@ -13,6 +13,7 @@ from kvsim.bench.measure import measure_workload, profile_w1
 from kvsim.bench.render import git_commit, machine_info, render_report
 from kvsim.bench.workloads import (DEFAULT_OUT, DEFAULT_SCENARIOS, DEFAULT_WORKLOADS, TARGETS, WORKLOADS,
                                    judge, target_value)
+from kvsim.scenario.outputs import atomic_open, check_output_file
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -92,6 +93,8 @@ def bench_command(args: argparse.Namespace, *, log=print) -> int:
     if missing:
         raise ValueError(f"--scenarios {scenarios}: no {missing[0]} there; give the folder of the "
                          f"bench scenarios (the repository's scenarios/bench/) with --scenarios DIR")
+    # The report's path is checked before minutes of measuring, and written atomically.
+    check_output_file(args.out, option="--out")
     command = " ".join(["kvsim bench", *_argv_text(args)])
     machine = machine_info()
     started = time.strftime("%Y-%m-%d %H:%M %Z")
@@ -112,8 +115,8 @@ def bench_command(args: argparse.Namespace, *, log=print) -> int:
                          reps=args.reps, heavy_reps=args.heavy_reps, quick=args.quick, requests=args.requests,
                          commit=git_commit(), profile=profile, started=started)
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    with atomic_open(out, option="--out") as f:
+        f.write(text)
     by_name = {m.workload.name: m for m in measurements}
     for t in TARGETS:
         if t.workload in by_name:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from kvsim.bench.measure import run_child, size_overrides
 from kvsim.bench.workloads import DEFAULT_SCENARIOS, WORKLOADS
+from kvsim.scenario.outputs import atomic_open, check_output_file
 
 DEFAULT_PAIRS = 5
 
@@ -187,7 +188,14 @@ def compare(ref: str, *, workload: str = "W1", pairs: int = DEFAULT_PAIRS, reque
         log(f"kvsim bench --compare: A = {a_name}; B = {b_name}; {workload}, {pairs} pairs, ABBA order")
         for i in range(pairs):
             for side in ("A", "B") if i % 2 == 0 else ("B", "A"):
-                rec = timed_run(roots[side], scenario, overrides, workdir, f"{side}{i}")
+                try:
+                    rec = timed_run(roots[side], scenario, overrides, workdir, f"{side}{i}")
+                except RuntimeError as exc:
+                    # REF (or this tree) cannot run the workload: one line, its last log line.
+                    name = f"--compare {ref}" if side == "B" else "this tree"
+                    last = (str(exc).splitlines()[1:] or [""])[-1].strip()
+                    raise ValueError(f"{name}: its kvsim failed to run {workload} "
+                                     f"(run {side}{i}); its last line: {last}") from None
                 runs[side].append(rec)
                 log(f"  pair {i + 1}/{pairs} {side}: simulate {rec['sim_cpu_s']:.3f} s CPU, "
                     f"process {rec['process_cpu_s']:.2f} s CPU")
@@ -256,12 +264,13 @@ def compare_command(args, *, log=print) -> int:
     pairs = args.reps if args.reps is not None else DEFAULT_PAIRS
     if pairs < 1:
         raise ValueError(f"--reps: expected an integer >= 1, got {pairs}")
+    # The report's path is checked before the runs (minutes), and written atomically.
+    out = check_output_file(args.out or Path("out") / "compare.md", option="--out")
     text = compare(args.compare, workload=names[0], pairs=pairs, requests=args.requests,
                    ir_requests=None if args.no_instructions else args.ir_requests,
                    scenarios=Path(args.scenarios), log=log)
-    out = Path(args.out or Path("out") / "compare.md")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
+    with atomic_open(out, option="--out") as f:
+        f.write(text + "\n")
     log(text)
     log(f"wrote {out}")
     return 0

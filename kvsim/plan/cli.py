@@ -117,11 +117,23 @@ def plan_from_args(args: argparse.Namespace) -> Plan:
         data["model"] = args.model
     if args.num_requests is not None:
         data.setdefault("workload", {})["num_requests"] = args.num_requests
-    return parse_plan(data, base_dir)
+    try:
+        return parse_plan(data, base_dir)
+    except PlanError as exc:
+        # A bad --router names the flag, not the plan.fleet.routers entry it became.
+        message = str(exc)
+        for i, router in enumerate(args.router or ()):
+            for where in (f"plan.fleet.routers[{i}].policy", f"plan.fleet.routers[{i}]"):
+                message = message.replace(where, f"--router {router}")
+        raise PlanError(message) from None
 
 
 def plan_command(args: argparse.Namespace) -> int:
     plan = plan_from_args(args)
+    if args.out:
+        # Checked before the probes (minutes), not found when the results are written.
+        from kvsim.scenario.outputs import check_output_dir
+        check_output_dir(args.out, files=("plan.csv", "plan.png", "probes.jsonl"))
     t0 = time.perf_counter()
     progress = None
     if sys.stderr.isatty():   # a redrawn count on a terminal; nothing when piped or in CI

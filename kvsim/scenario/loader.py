@@ -162,6 +162,12 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
     notes += _check_baseline_scheduler(eng)
     _check_engine_loop(eng)
     speculative = _speculative_config(eng, sc.seed, base, max_num_batched_tokens)
+    if speculative is not None and kv_groups is not None:
+        # Accepted drafts are cached by the single-group manager only (kv/manager.py cache_blocks).
+        raise ScenarioError(f"engine.speculative_config: set for {model.name}, whose KV-cache groups "
+                            f"(sliding window, Mamba) run the hybrid KV manager; drafts are modelled "
+                            f"with one full-attention group only: drop speculative_config, or set "
+                            f"engine.disable_hybrid_kv_cache_manager: true")
     # The continuous (V0) scheduler never chunks a prefill; orca runs prompts whole, with no budget.
     chunking = eng.enable_chunked_prefill and eng.scheduler not in ("continuous", "orca")
     if not chunking and eng.scheduler not in ("static", "orca"):
@@ -384,6 +390,11 @@ def _radix_settings(eng, workload: WorkloadConfig, *, hybrid: bool) -> dict[str,
     elif eng.watermark and radix.page_size != eng.block_size:
         why = (f"engine.watermark: got {eng.watermark}; the scheduler sizes it in blocks, which a "
                f"token-granular radix cache does not count in; allowed with radix page_size 1: 0")
+    elif eng.speculative_config is not None:
+        # Accepted drafts fill blocks after the step (vLLM's cache_blocks in
+        # update_from_output); the radix tree takes tokens only at G3's points.
+        why = ("engine.speculative_config: set with engine.prefix_cache: radix; drafts are "
+               "modelled with vLLM's hash prefix cache only: use prefix_cache: hash")
     elif workload.cache_salt is not None:
         why = ("workload.cache_salt: set with engine.prefix_cache: radix; SGLang 0.4.6's radix "
                "tree has no cache salt (kvsim does not model 0.5.x's extra_key)")

@@ -179,6 +179,9 @@ def run_sweep(scenario_dict: dict, out_dir: str | os.PathLike, *, workers: int |
                         workers=1 if executor == "local" and len(tasks) <= 1 else workers)
         finally:
             results.close()
+            # The log is the truth: a point logged as an interrupt came (in append's
+            # fsync, before `records` saw it) belongs in results.csv too.
+            records.update(_usable_records(out, points, identity, lambda _: None))
             csv_path = write_results_csv(out, points, records)
 
     return SweepOutcome(num_points=len(points), num_done=counts["ok"], num_failed=counts["failed"],

@@ -125,6 +125,10 @@ class PrefillCadence:
         j = num_hit // kv.block_size
         if not kv.enable_caching or head.num_computed_tokens or j >= (head.num_tokens - 1) // kv.block_size:
             return steps
+        if not head.block_hashes:
+            # The radix cache hashes no blocks, and nothing enters its tree during
+            # decode steps (kv/radix_manager.py first_step_caching): the head's hit stays.
+            return steps
         first = kv.first_step_caching(running, [r.num_computed_tokens for r in running],
                                       head.block_hashes[j], steps)
         return steps if first is None else first - 1

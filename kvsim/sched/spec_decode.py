@@ -95,6 +95,12 @@ def acceptance_from_config(value, k: int, seed: int, base_dir: Path = Path("."))
     path = Path(v) if Path(str(v)).is_absolute() else base_dir / str(v)
     try:
         counts = json.loads(path.read_text())
+    except IsADirectoryError:
+        raise ValueError(f"{where}.trace: {str(path)!r} is a folder; expected a JSON file "
+                         f"listing the accepted drafts per verification") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{where}.trace: {str(path)!r}: not a UTF-8 text file (byte {exc.start} "
+                         f"cannot be decoded); expected a JSON list of accepted counts") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"{where}.trace: {v!r} is not a readable JSON list of accepted counts "
                          f"({exc.__class__.__name__})") from None
