@@ -159,6 +159,12 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
     notes += _check_baseline_scheduler(eng)
     _check_engine_loop(eng)
     speculative = _speculative_config(eng, sc.seed, base, max_num_batched_tokens)
+    if speculative is not None and model.has_linear_attention:
+        # vLLM MambaSpec.num_speculative_blocks: drafts keep extra state blocks (not modelled).
+        raise ScenarioError(f"engine.speculative_config: {model.name}'s linear-attention (Mamba) "
+                            f"state keeps num_speculative_blocks more state blocks per request "
+                            f"with drafts (vLLM MambaManager); kvsim does not model that: drop "
+                            f"speculative_config or use an attention-only model")
     # The continuous (V0) scheduler never chunks a prefill; orca runs prompts whole, with no budget.
     chunking = eng.enable_chunked_prefill and eng.scheduler not in ("continuous", "orca")
     if not chunking and eng.scheduler not in ("static", "orca"):
