@@ -58,7 +58,8 @@ CASES = {
 
 # The hybrid manager next to the engine features of main (phase 3): drafts and
 # their lookahead slots (verified blocks cached by cache_blocks), async
-# scheduling, the prefill cadence and max_num_scheduled_tokens, each loaded.
+# scheduling, the prefill cadence, max_num_scheduled_tokens, stream_interval and
+# parallel samples (siblings share prompt blocks through the prefix cache), each loaded.
 _SPEC = {"method": "eagle", "num_speculative_tokens": 3, "acceptance": {"rate": 0.7}}
 _NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "acceptance": {"rate": 0.6}}
 _QWEN = {"hardware": {"gpu": "h200", "tp": 2}, "engine__num_gpu_blocks_override": 300,
@@ -86,6 +87,10 @@ CASES.update({
                                                workload=OVERLOAD),
     "qwen3_next_max_num_scheduled_tokens": hybrid("qwen3-next-80b-a3b",
                                                   engine__max_num_scheduled_tokens=160, **_QWEN),
+    "gpt_oss_stream_interval": hybrid("gpt-oss-20b", engine__stream_interval=4,
+                                      engine__num_gpu_blocks_override=1500, workload=OVERLOAD),
+    "gemma3_parallel_sampling": hybrid("gemma-3-27b", engine__num_gpu_blocks_override=2500,
+                                       workload={**OVERLOAD, "num_requests": 30, "n": 3}),
 })
 
 

@@ -114,7 +114,8 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
                                    max_num_batched_tokens=max_num_batched_tokens,
                                    max_num_seqs=max_num_seqs,
                                    disable_hybrid_kv_cache_manager=disable_hybrid,
-                                   enable_prefix_caching=eng.enable_prefix_caching)
+                                   enable_prefix_caching=eng.enable_prefix_caching,
+                                   async_scheduling=eng.async_scheduling)
             num_gpu_blocks = capacity.num_gpu_blocks
             groups, block_size = capacity.kv_groups, capacity.block_size
     except ValueError as exc:
@@ -129,7 +130,8 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
     probe = SchedulerConfig(num_gpu_blocks=num_gpu_blocks, block_size=block_size,
                             max_model_len=model.max_position_embeddings,
                             max_num_batched_tokens=max_num_batched_tokens,
-                            enable_prefix_caching=eng.enable_prefix_caching, kv_groups=kv_groups)
+                            enable_prefix_caching=eng.enable_prefix_caching, kv_groups=kv_groups,
+                            async_scheduling=eng.async_scheduling)   # in-flight tokens x2
     usable = num_gpu_blocks - 1
     token_capacity = _longest_fitting(probe, usable, model.max_position_embeddings)
     max_model_len = eng.max_model_len
