@@ -114,8 +114,7 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
                                    max_num_batched_tokens=max_num_batched_tokens,
                                    max_num_seqs=max_num_seqs,
                                    disable_hybrid_kv_cache_manager=disable_hybrid,
-                                   enable_prefix_caching=eng.enable_prefix_caching,
-                                   async_scheduling=eng.async_scheduling)
+                                   enable_prefix_caching=eng.enable_prefix_caching)
             num_gpu_blocks = capacity.num_gpu_blocks
             groups, block_size = capacity.kv_groups, capacity.block_size
     except ValueError as exc:
