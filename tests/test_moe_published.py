@@ -165,3 +165,18 @@ def test_bad_imbalance_is_one_line_naming_the_key(config, parallel, words):
                             params=RooflineParams.from_config(config), parallel=parallel)
     msg = str(err.value)
     assert "\n" not in msg and all(w in msg for w in words)
+
+
+def test_a_scenario_names_the_key_when_the_imbalance_has_no_ep():
+    from kvsim.scenario.loader import ScenarioError, load_scenario
+    sc = {"name": "t", "model": "qwen3-30b-a3b", "hardware": {"gpu": "h200", "tp": 1, "dp": 2},
+          "engine": {"max_model_len": 4096},
+          "cost_model": {"type": "roofline", "expert_load_imbalance": 1.5},
+          "workload": {"num_requests": 2, "arrival": {"type": "poisson", "rate": 1.0},
+                       "prompt_len": {"type": "fixed", "value": 10},
+                       "output_len": {"type": "fixed", "value": 5}}}
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(sc)
+    assert str(err.value).startswith("cost_model.expert_load_imbalance: 1.5 acts only under")
+    sc["engine"]["enable_expert_parallel"] = True
+    assert load_scenario(sc).cost_model is not None
