@@ -22,7 +22,7 @@ def make_scheduler(name: str, config: SchedulerConfig, connector=None):
     if connector is not None and name != "chunked":
         raise ValueError(f"engine.scheduler: {name!r} takes no KV connector (P/D transfer, KV "
                          f"offloading); allowed: chunked")
-    if connector is not None and config.kv_groups is not None:
+    if connector is not None and config.is_hybrid:
         # vLLM VllmConfig (config/vllm.py) turns the hybrid KV cache manager off for a
         # connector without SupportsHMA; kv/hybrid.py models no external KV (issue 16).
         raise ValueError("engine.disable_hybrid_kv_cache_manager: a KV connector with several "
