@@ -56,6 +56,43 @@ CASES = {
                                engine__num_gpu_blocks_override=300, workload=OVERLOAD),
 }
 
+# The hybrid manager next to the engine features of main (phase 3): drafts and
+# their lookahead slots (verified blocks cached by cache_blocks), async
+# scheduling, the prefill cadence, max_num_scheduled_tokens, stream_interval and
+# parallel samples (siblings share prompt blocks through the prefix cache), each loaded.
+_SPEC = {"method": "eagle", "num_speculative_tokens": 3, "acceptance": {"rate": 0.7}}
+_NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "acceptance": {"rate": 0.6}}
+_QWEN = {"hardware": {"gpu": "h200", "tp": 2}, "engine__num_gpu_blocks_override": 300,
+         "workload": OVERLOAD}
+CASES.update({
+    "gemma3_spec_decode_eagle": hybrid("gemma-3-27b", engine__speculative_config=_SPEC,
+                                       engine__num_gpu_blocks_override=2500, workload=OVERLOAD),
+    "gpt_oss_spec_decode_ngram": hybrid("gpt-oss-20b", engine__speculative_config=_NGRAM,
+                                        engine__num_gpu_blocks_override=1500, workload=OVERLOAD),
+    "gemma3_async_scheduling": hybrid("gemma-3-27b", engine__async_scheduling=True,
+                                      engine__num_gpu_blocks_override=2500, workload=OVERLOAD),
+    "qwen3_next_async_scheduling": hybrid("qwen3-next-80b-a3b", engine__async_scheduling=True,
+                                          **_QWEN),
+    "gemma3_prefill_schedule_interval": hybrid("gemma-3-27b", engine__prefill_schedule_interval=3,
+                                               engine__num_gpu_blocks_override=2500,
+                                               workload=OVERLOAD),
+    "qwen3_next_prefill_schedule_interval": hybrid("qwen3-next-80b-a3b",
+                                                   engine__prefill_schedule_interval=3, **_QWEN),
+    "llama4_prefill_schedule_interval": hybrid(
+        "llama-4-scout-17b-16e", hardware={"gpu": "h100-sxm", "tp": 4},
+        engine__disable_hybrid_kv_cache_manager=False, engine__prefill_schedule_interval=2,
+        engine__num_gpu_blocks_override=3000, workload=OVERLOAD),
+    "gpt_oss_max_num_scheduled_tokens": hybrid("gpt-oss-20b", engine__max_num_scheduled_tokens=160,
+                                               engine__num_gpu_blocks_override=1500,
+                                               workload=OVERLOAD),
+    "qwen3_next_max_num_scheduled_tokens": hybrid("qwen3-next-80b-a3b",
+                                                  engine__max_num_scheduled_tokens=160, **_QWEN),
+    "gpt_oss_stream_interval": hybrid("gpt-oss-20b", engine__stream_interval=4,
+                                      engine__num_gpu_blocks_override=1500, workload=OVERLOAD),
+    "gemma3_parallel_sampling": hybrid("gemma-3-27b", engine__num_gpu_blocks_override=2500,
+                                       workload={**OVERLOAD, "num_requests": 30, "n": 3}),
+})
+
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_hybrid_fast_path_equals_step_path(name):
@@ -111,3 +148,50 @@ def test_run_plans_predict_the_free_blocks_of_every_step(name, monkeypatch):
     monkeypatch.setattr(HybridDecodeRuns, "allocate_decode_steps", checking)
     kvsim.simulate(CASES[name])
     assert sum(checked) > 50
+
+
+def test_blocks_verified_drafts_filled_are_cached_in_every_group(monkeypatch):
+    """Verified draft tokens' blocks are cached after the step (vLLM
+    update_from_output -> KVCacheManager.cache_blocks -> every group's manager)."""
+    from kvsim.kv.hybrid import HybridKVCacheManager
+    original = HybridKVCacheManager.cache_blocks
+    grown = []
+
+    def counting(self, req, num_computed_tokens):
+        before = [m.num_cached_block.get(req.request_id, 0) for m in self.managers]
+        original(self, req, num_computed_tokens)
+        after = [m.num_cached_block.get(req.request_id, 0) for m in self.managers]
+        grown.append(sum(after) - sum(before))
+
+    monkeypatch.setattr(HybridKVCacheManager, "cache_blocks", counting)
+    res = kvsim.simulate(CASES["gemma3_spec_decode_eagle"])
+    assert res.summary["completed"] == 80
+    assert res.steps["num_generated_tokens"].max() > res.steps["num_decode_tokens"].max()
+    assert sum(g > 0 for g in grown) > 100     # decode blocks filled by accepted drafts
+
+
+def test_drafts_with_mamba_state_are_refused_in_one_line():
+    from kvsim.scenario.loader import ScenarioError, load_scenario
+    sc = hybrid("qwen3-next-80b-a3b", hardware={"gpu": "h200", "tp": 2},
+                engine__speculative_config=_NGRAM)
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(sc)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("engine.speculative_config:")
+    assert "qwen3-next" in msg.lower() and "num_speculative_blocks" in msg
+
+
+def test_a_kv_connector_with_the_hybrid_manager_is_refused_in_one_line():
+    """vLLM VllmConfig turns the hybrid manager off for a connector without
+    SupportsHMA; kvsim refuses the pair when the engine is made."""
+    from kvsim.scenario.loader import load_scenario
+    from kvsim.sim.run import make_scheduler
+    sc = load_scenario(CASES["gemma3_prefix_hits"])
+    assert sc.sched_config.kv_groups is not None
+    with pytest.raises(ValueError) as err:
+        make_scheduler("chunked", sc.sched_config, connector=object())
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("engine.disable_hybrid_kv_cache_manager:")
+    # With the hybrid manager off (Gemma 3's sliding layers promoted to full) it is taken.
+    off = load_scenario(hybrid("gemma-3-27b", engine__disable_hybrid_kv_cache_manager=True))
+    assert off.sched_config.kv_groups is None

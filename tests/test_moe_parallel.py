@@ -152,10 +152,11 @@ def test_ep_beyond_the_nvlink_domain_uses_the_network():
 
     def comm(dp):
         cm = roofline_cost_model(DSV3, gpu, 1, parallel=ParallelConfig(1, dp, True))
-        return cm.breakdown(batch)["moe_all2all"]
-    per_byte_8 = comm(8) / 7
-    per_byte_16 = comm(16) / 15
-    assert per_byte_16 > 5 * per_byte_8             # 450 -> 50 GB/s, latency aside
+        return cm.breakdown(batch)["moe_all2all"], cm.ops["moe_all2all"]
+    (t8, c8), (t16, c16) = comm(8), comm(16)
+    assert c16.sec_per_byte == pytest.approx(9 * c8.sec_per_byte)   # 450 -> 50 GB/s
+    assert c16.const_s == c8.const_s
+    assert t16 / 15 > 4 * t8 / 7                    # per byte moved, latency included
 
 
 def test_mla_decode_runs_in_the_latent_space():

@@ -40,11 +40,17 @@ def test_gemma3_runs_the_hybrid_manager_and_it_holds_more_requests():
     assert isinstance(manager_of(off), KVCacheManager) and off.sched_config.kv_groups is None
     # One request of 8192 tokens: 512 blocks in the full group; a sliding group holds at
     # most the window plus a batch in flight: cdiv(1023 + 2048, 16) + 1 = 193 (vLLM
-    # max_admission_blocks_per_request; kvsim's steps are synchronous, one batch in flight).
+    # max_admission_blocks_per_request; synchronous steps, one batch in flight).
     assert on.sched_config.blocks_per_request(8192) == 512 + 6 * 193
-    # vLLM's logged concurrency reserves two batches in flight (async scheduling): 321.
+    # vLLM's logged concurrency is for 0.33's default, async scheduling: two batches
+    # in flight, cdiv(1023 + 4096, 16) + 1 = 321.
     assert on.capacity.blocks_per_group(8192) == [321] * 6 + [512]
     assert on.capacity.max_concurrency(8192) > 1.25 * off.capacity.max_concurrency(8192)
+    # With engine.async_scheduling the run's admission cap reserves them too
+    # (VllmConfig.max_in_flight_tokens = max_concurrent_batches x max_num_batched_tokens).
+    both = load_scenario(scenario(engine__async_scheduling=True))
+    assert both.sched_config.blocks_per_request(8192) == 512 + 6 * 321
+    assert [m.admission_cap for m in manager_of(both).managers] == [321] * 6 + [None]
 
 
 def test_hybrid_and_not_give_the_same_tokens_when_nothing_slides_out():

@@ -150,8 +150,8 @@ class RankShapes:
 
     @classmethod
     def from_spec(cls, model, tp: int = 1, kv_cache_dtype: str = "auto",
-                  parallel=None) -> "RankShapes":
-        return rank_shapes(model, tp, kv_cache_dtype, parallel)
+                  parallel=None, expert_load_imbalance: float = 1.0) -> "RankShapes":
+        return rank_shapes(model, tp, kv_cache_dtype, parallel, expert_load_imbalance)
 
 
 def _gemm(name, calls, k, n, db, wdb=None) -> OpShape:
@@ -163,11 +163,14 @@ def _elementwise(name, calls, bytes_per_token) -> OpShape:
     return OpShape(name, calls, 0.0, 0.0, float(bytes_per_token))
 
 
-def rank_shapes(model, tp: int = 1, kv_cache_dtype: str = "auto", parallel=None) -> RankShapes:
+def rank_shapes(model, tp: int = 1, kv_cache_dtype: str = "auto", parallel=None,
+                expert_load_imbalance: float = 1.0) -> RankShapes:
     """Per-GPU operator shapes of ``model`` (a ``kvsim.specs.ModelSpec``) at TP ``tp``.
 
     ``parallel`` (a ``kvsim.specs.ParallelConfig``) adds data and expert
     parallelism for the MoE layers (:func:`_moe_ops`); None is TP only.
+    ``expert_load_imbalance`` (>= 1) is the busiest EP rank's routed tokens over
+    the mean; it only acts under expert parallelism (:func:`_moe_ops`).
     """
     if parallel is not None and parallel.tp != tp:
         raise ValueError(f"rank_shapes: tp {tp} != parallel.tensor_parallel_size {parallel.tp}")
@@ -241,7 +244,7 @@ def rank_shapes(model, tp: int = 1, kv_cache_dtype: str = "auto", parallel=None)
             ops.append(_gemm("mlp_gate_up", dense_layers, h, mats * inter, db, wdb))
             ops.append(_elementwise("mlp_act", dense_layers, (mats + 1) * inter * db))
             ops.append(_gemm("mlp_down", dense_layers, inter, h, db, wdb))
-        ops.extend(_moe_ops(model, moe_layers, tp, parallel, db, wdb))
+        ops.extend(_moe_ops(model, moe_layers, tp, parallel, db, wdb, expert_load_imbalance))
     else:
         ops.append(_gemm("mlp_gate_up", L, h, mats * inter, db, wdb))
         ops.append(_elementwise("mlp_act", L, (mats + 1) * inter * db))
@@ -277,7 +280,8 @@ def _linear_attention_ops(model, calls: int, tp: int, db: int, wdb) -> list[OpSh
             _gemm("o_proj", calls, nv * dv // tp, h, db, wdb)]
 
 
-def _moe_ops(model, moe_layers: int, tp: int, parallel, db: int, wdb) -> list[OpShape]:
+def _moe_ops(model, moe_layers: int, tp: int, parallel, db: int, wdb,
+             imbalance: float = 1.0) -> list[OpShape]:
     """Routed and shared experts of the MoE layers on one GPU.
 
     Tokens pick ``k`` of ``E`` experts uniformly. With ``dp`` DP ranks the MoE
@@ -291,6 +295,16 @@ def _moe_ops(model, moe_layers: int, tp: int, parallel, db: int, wdb) -> list[Op
     The shared experts are a dense MLP split ``tp`` ways. With DP > 1 the
     tokens are moved to and from the experts ("moe_all2all", two calls a
     layer, :func:`moe_dispatch_bytes_per_token`).
+
+    Expert load imbalance (EP only): a layer ends when its busiest EP rank
+    does, and real routers are not uniform. ``imbalance`` = that rank's
+    (token, expert) pairs over the mean (gamma = max/mean, the straggler
+    factor DeepSeek's EPLB and vLLM's ``--enable-eplb`` replicate hot experts
+    to bring toward 1) scales the routed GEMMs' FLOPs and activations, and
+    the tokens an all-to-all backend delivers to that rank. Gather backends
+    move every token to every rank whatever the routing; the weights read
+    stay those of the experts touched. Without EP every GPU holds a slice
+    of every expert: balanced by construction, the factor does not apply.
     """
     h = int(model.hidden_size)
     mats = 2 if model.gated_mlp else 1
@@ -307,7 +321,7 @@ def _moe_ops(model, moe_layers: int, tp: int, parallel, db: int, wdb) -> list[Op
     if use_ep:
         width = int(model.moe_intermediate_size)             # whole experts
         frac = parallel.local_experts(n_exp) / n_exp         # this GPU's share of the experts
-        pairs = k_exp * dp * frac                            # (token, expert) pairs per own token
+        pairs = k_exp * dp * frac * imbalance                # (token, expert) pairs per own token
     else:
         world = tp * dp
         width = int(model.moe_intermediate_size) // world    # every expert, 1/(tp dp) wide
@@ -329,8 +343,10 @@ def _moe_ops(model, moe_layers: int, tp: int, parallel, db: int, wdb) -> list[Op
                 n_exp, k_rate, float(width * h * edb) * frac),
     ]
     if parallel is not None and parallel.uses_moe_dispatch:
-        ops.append(OpShape("moe_all2all", 2 * moe_layers, 0.0, 0.0,
-                           moe_dispatch_bytes_per_token(model, parallel)))
+        moved = moe_dispatch_bytes_per_token(model, parallel)
+        if parallel.uses_all_to_all:
+            moved *= imbalance                               # the busiest rank's share
+        ops.append(OpShape("moe_all2all", 2 * moe_layers, 0.0, 0.0, moved))
     return ops
 
 

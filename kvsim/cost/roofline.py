@@ -26,12 +26,22 @@ shipped profiles' fitted coefficients imply):
   CPU-overhead table (schedule + prepare inputs + sampler + output
   processing) fits 0.8-1.4 ms + 42 µs per request; current vLLM batches that
   CPU work, so the per-request part is halved here.
-* ``all2all_efficiency`` 0.5: MoE dispatch/combine between DP ranks (vLLM
-  DP + EP, ``features.moe_dispatch_bytes_per_token``) moves uneven, small
-  messages; DeepEP reports ~150 GB/s of the H800's 160 GB/s NVLink for its
-  high-throughput kernels at 4096 tokens but far less at decode sizes. 0.5
-  is a middle, with the link latency added per call. Groups larger than the
-  GPU's ``nvlink_domain_size`` use ``scaleout_bandwidth_gbps``.
+* ``all2all_efficiency`` 0.7: MoE dispatch/combine between DP ranks (vLLM
+  DP + EP, ``features.moe_dispatch_bytes_per_token``), with the link
+  latency added per call; groups larger than the GPU's
+  ``nvlink_domain_size`` use ``scaleout_bandwidth_gbps``. Chosen from NCCL on
+  8 H200s (apex_plus/comm in shared/data/profiles): all-gather and
+  reduce-scatter (vLLM's default ``allgather_reducescatter`` backend) and
+  all-to-all move 7/8 of a 128 MiB buffer at 0.65-0.68 of the 450 GB/s
+  NVLink rate (latency included); with 0.7 and the catalog's 25 µs link
+  latency the model is within -7%..+15% of all three at 4-128 MiB, and
+  1.7-2.5x above at 1 MiB and below, where NCCL takes 10-17 µs and the
+  catalog's link latency is 25 µs (tests/test_moe_published.py). DeepEP
+  reports ~150 of the H800's 160 GB/s at 4096 tokens, less at decode sizes.
+* ``expert_load_imbalance`` 1.0: the busiest EP rank's routed tokens over
+  the mean (``features._moe_ops``); 1.0 is perfectly balanced (what EPLB
+  aims for). No public table gives it for a vLLM deployment, so it is an
+  input: raise it to model skewed routing without EPLB.
 
 GEMMs of a model with quantized weights (``weight_dtype_bytes`` 1: FP8
 checkpoints) run at the FP8 peak; attention runs at the model dtype's.
@@ -53,7 +63,8 @@ class RooflineParams:
     attention_compute_efficiency: float = 0.45
     attention_memory_efficiency: float = 0.75
     allreduce_efficiency: float = 0.65
-    all2all_efficiency: float = 0.5
+    all2all_efficiency: float = 0.7
+    expert_load_imbalance: float = 1.0
     kernel_floor_s: float = 4e-6
     step_overhead_s: float = 1.0e-3
     request_overhead_s: float = 20e-6
@@ -72,6 +83,9 @@ class RooflineParams:
                 raise ValueError(f"cost_model.{key}: {value!r} is not a non-negative number")
             if key.endswith("efficiency") and not 0 < value <= 1:
                 raise ValueError(f"cost_model.{key}: {value!r} must be in (0, 1]")
+            if key == "expert_load_imbalance" and value < 1:
+                raise ValueError(f"cost_model.{key}: {value!r} is the busiest EP rank's "
+                                 f"tokens over the mean: at least 1 (1 = balanced)")
             values[key] = float(value)
         return cls(**values)
 
@@ -86,7 +100,11 @@ def roofline_cost_model(model, gpu, tp: int = 1, kv_cache_dtype: str = "auto",
                         params: RooflineParams | None = None, parallel=None) -> StepCostModel:
     """The roofline model of ``model`` on ``gpu``; ``parallel`` (a ParallelConfig) adds DP/EP."""
     p = params or RooflineParams()
-    shapes = rank_shapes(model, tp, kv_cache_dtype, parallel)
+    if p.expert_load_imbalance != 1.0 and not (parallel is not None and parallel.use_ep):
+        raise ValueError(f"cost_model.expert_load_imbalance: {p.expert_load_imbalance!r} acts "
+                         f"only under expert parallelism (engine.enable_expert_parallel with "
+                         f"more than one GPU per replica); {model.name} runs without it")
+    shapes = rank_shapes(model, tp, kv_cache_dtype, parallel, p.expert_load_imbalance)
     wdb = shapes.weight_dtype_bytes
     peak = peak_flops(gpu, shapes.dtype_bytes if wdb is None else wdb)
     attn_peak = peak if wdb is None else peak_flops(gpu, shapes.dtype_bytes)

@@ -322,6 +322,14 @@ class HybridKVCacheManager(HybridDecodeRuns):
             self._cache(req, min(computed + num_new_tokens, req.num_tokens))
         return self.get_blocks(rid) if self.debug else EMPTY_NEW
 
+    def cache_blocks(self, req, num_computed_tokens: int) -> None:
+        """vLLM KVCacheManager.cache_blocks (coordinator.cache_blocks: every group's
+        manager): the blocks accepted draft tokens filled, cached after the step
+        verified them (sched/spec_decode.py). EAGLE's dropped last block is not
+        modelled, as in the single-group manager (kv/single_type.py)."""
+        if self.enable_caching:
+            self._cache(req, min(num_computed_tokens, req.num_tokens))
+
     def _grow(self, rid: str, num_tokens: int) -> None:
         """Every group's ``allocate_new_blocks`` where its table is short of
         ``num_tokens`` slots (Mamba's always: it notes the request)."""

@@ -143,8 +143,9 @@ def run(ctx: ReportContext) -> Report:
         f"{cap[True].blocks_per_group(mml)[0]} blocks per sliding group, so the logged gain is "
         "modest; once a prompt is computed a sliding group keeps about 1,024 / 16 + 2 blocks, "
         "and the engine holds many more requests than the log promises.",
-        "kvsim's scheduler reserves for one batch in flight (its steps are synchronous, like "
-        "the oracle's); the pool is sized for two, as vLLM 0.33's default async scheduling does.",
+        "kvsim's scheduler reserves for the batches its engine keeps in flight: one here "
+        "(engine.async_scheduling false: synchronous steps, like the oracle's), two with "
+        "async scheduling; the logged concurrency above is for vLLM 0.33's default, two.",
         "Under DP + EP every DP rank keeps all KV heads and its own cache, and the attention "
         "weights are replicated; the experts are split, `num_experts / (TP x DP)` per GPU. "
         "DeepSeek-V3's MLA cache is one latent per token on every TP rank, so TP=8 keeps 8 "

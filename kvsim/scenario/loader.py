@@ -132,7 +132,8 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
     probe = SchedulerConfig(num_gpu_blocks=num_gpu_blocks, block_size=block_size,
                             max_model_len=model.max_position_embeddings,
                             max_num_batched_tokens=max_num_batched_tokens,
-                            enable_prefix_caching=eng.enable_prefix_caching, kv_groups=kv_groups)
+                            enable_prefix_caching=eng.enable_prefix_caching, kv_groups=kv_groups,
+                            async_scheduling=eng.async_scheduling)   # in-flight tokens x2
     usable = num_gpu_blocks - 1
     token_capacity = _longest_fitting(probe, usable, model.max_position_embeddings)
     max_model_len = eng.max_model_len
@@ -162,12 +163,12 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
     notes += _check_baseline_scheduler(eng)
     _check_engine_loop(eng)
     speculative = _speculative_config(eng, sc.seed, base, max_num_batched_tokens)
-    if speculative is not None and kv_groups is not None:
-        # Accepted drafts are cached by the single-group manager only (kv/manager.py cache_blocks).
-        raise ScenarioError(f"engine.speculative_config: set for {model.name}, whose KV-cache groups "
-                            f"(sliding window, Mamba) run the hybrid KV manager; drafts are modelled "
-                            f"with one full-attention group only: drop speculative_config, or set "
-                            f"engine.disable_hybrid_kv_cache_manager: true")
+    if speculative is not None and model.has_linear_attention:
+        # vLLM MambaSpec.num_speculative_blocks: drafts keep extra state blocks (not modelled).
+        raise ScenarioError(f"engine.speculative_config: {model.name}'s linear-attention (Mamba) "
+                            f"state keeps num_speculative_blocks more state blocks per request "
+                            f"with drafts (vLLM MambaManager); kvsim does not model that: drop "
+                            f"speculative_config or use an attention-only model")
     # The continuous (V0) scheduler never chunks a prefill; orca runs prompts whole, with no budget.
     chunking = eng.enable_chunked_prefill and eng.scheduler not in ("continuous", "orca")
     if not chunking and eng.scheduler not in ("static", "orca"):

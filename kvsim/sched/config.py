@@ -75,13 +75,20 @@ class SchedulerConfig:
         g = self.kv_groups
         return g is not None and (g.is_hybrid or g.groups[0].kind != "full_attention")
 
+    @property
+    def max_in_flight_tokens(self) -> int:
+        """vLLM VllmConfig.max_in_flight_tokens: max_concurrent_batches (2 with async
+        scheduling, else 1) x max_num_batched_tokens; the hybrid manager's
+        sliding/chunked groups reserve for them at admission (issue 16)."""
+        return self.max_num_batched_tokens * (2 if self.async_scheduling else 1)
+
     def blocks_per_request(self, num_tokens: int) -> int:
         """Blocks one request of ``num_tokens`` tokens holds at most, all groups."""
         if not self.is_hybrid:
             return -(-min(num_tokens, self.max_model_len) // self.block_size)
         from kvsim.kv.hybrid import blocks_per_request
         return blocks_per_request(self.kv_groups, num_tokens, max_model_len=self.max_model_len,
-                                  max_in_flight_tokens=self.max_num_batched_tokens,
+                                  max_in_flight_tokens=self.max_in_flight_tokens,
                                   enable_caching=self.enable_prefix_caching)
 
     def make_kv_manager(self):
@@ -104,7 +111,8 @@ class SchedulerConfig:
                 self.kv_groups, self.num_gpu_blocks, max_model_len=self.max_model_len,
                 max_num_batched_tokens=self.max_num_batched_tokens,
                 long_prefill_token_threshold=self.long_prefill_token_threshold,
-                enable_caching=self.enable_prefix_caching, lifo_unhashed=self.lifo_unhashed_free)
+                enable_caching=self.enable_prefix_caching, lifo_unhashed=self.lifo_unhashed_free,
+                max_in_flight_tokens=self.max_in_flight_tokens)
         from kvsim.kv.manager import KVCacheManager
         return KVCacheManager(self.num_gpu_blocks, self.block_size, max_model_len=self.max_model_len,
                               enable_caching=self.enable_prefix_caching,

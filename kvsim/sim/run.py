@@ -22,6 +22,13 @@ def make_scheduler(name: str, config: SchedulerConfig, connector=None):
     if connector is not None and name != "chunked":
         raise ValueError(f"engine.scheduler: {name!r} takes no KV connector (P/D transfer, KV "
                          f"offloading); allowed: chunked")
+    if connector is not None and config.is_hybrid:
+        # vLLM VllmConfig (config/vllm.py) turns the hybrid KV cache manager off for a
+        # connector without SupportsHMA; kv/hybrid.py models no external KV (issue 16).
+        raise ValueError("engine.disable_hybrid_kv_cache_manager: a KV connector with several "
+                         "KV-cache groups (the hybrid KV cache manager) is not modelled; vLLM "
+                         "turns the hybrid manager off for connectors without SupportsHMA: "
+                         "set it to true (attention-only models)")
     if name == "chunked":
         from kvsim.sched.chunked import ChunkedScheduler
         if connector is not None and config.async_scheduling:
