@@ -543,9 +543,9 @@ CASES += [
     # --- refused combinations the knob fuzz test found (tests/test_knob_combinations.py) ---
     Case("spec-with-radix", 2, ("engine.speculative_config", "prefix_cache: radix", "use prefix_cache: hash"),
          overrides={"engine.speculative_config": SPEC, "engine.prefix_cache": "radix"}),
-    Case("spec-with-hybrid-manager", 2, ("engine.speculative_config", "gemma-3-1b", "hybrid KV manager"),
-         overrides={"engine.speculative_config": SPEC, "model": "gemma-3-1b",
-                    "engine.num_gpu_blocks_override": 4096}),
+    Case("spec-with-mamba-state", 2, ("engine.speculative_config", "qwen3-next-80b-a3b", "Mamba"),
+         overrides={"engine.speculative_config": SPEC, "model": "qwen3-next-80b-a3b",
+                    "hardware.tp": 4, "engine.num_gpu_blocks_override": 4096}),
     # --- kvsim bench --compare REF ---
     Case("compare-ref-unknown", 2, ("--compare nosuchref", "neither a folder nor a git commit"), outputs=False,
          command=(*COMPARE, "nosuchref")),

@@ -131,7 +131,7 @@ def scenarios(draw) -> dict:
     # Mostly combinations kvsim runs; the refused ones come from the cross-knob draw below.
     if engine.get("speculative_config") is not None:
         engine.pop("async_scheduling", None)
-        if d["model"] == "gemma-3-1b" or engine.get("prefix_cache") == "radix":
+        if engine.get("prefix_cache") == "radix":
             engine.pop("speculative_config")
     if d["model"] == "gemma-3-1b" and engine.get("prefix_cache") == "radix":
         engine.pop("prefix_cache"), engine.pop("radix")
