@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from kvsim.kv.block_pool import BlockPool
+from kvsim.kv.block_pool import BlockPool, PoolQueries
 from kvsim.kv.hybrid_runs import HybridDecodeRuns
 from kvsim.kv.mamba import MambaManager
 from kvsim.kv.single_type import (NULL, ChunkedLocalAttentionManager, FullAttentionManager,
@@ -66,7 +66,7 @@ def blocks_per_request(groups: KVCacheGroups, num_tokens: int, *, max_model_len:
     return total
 
 
-class HybridKVCacheManager(HybridDecodeRuns):
+class HybridKVCacheManager(PoolQueries, HybridDecodeRuns):
     """vLLM KVCacheManager + HybridKVCacheCoordinator for several KV-cache groups."""
 
     caches_at_schedule_time = True            # A4, as the single-group manager
@@ -130,19 +130,7 @@ class HybridKVCacheManager(HybridDecodeRuns):
         return [(out[k][0], out[k][1]) for k in order]
 
     # -------------------------------------------------------------- queries
-    @property
-    def num_usable_blocks(self) -> int:
-        return self.pool.num_usable_blocks
-
-    def get_num_free_blocks(self) -> int:
-        return self.pool.get_num_free_blocks()
-
-    @property
-    def usage(self) -> float:
-        return self.pool.get_usage()
-
-    def free_queue(self) -> list[int]:
-        return self.pool.free_queue()
+    # (num_usable_blocks, get_num_free_blocks, usage, free_queue: PoolQueries)
 
     def get_blocks(self, request_id: str) -> tuple[list[int], ...]:
         """The request's block table in each group (nulls where blocks were dropped)."""

@@ -26,14 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvsim.kv.block_pool import NULL_BLOCK_ID, BlockPool
+from kvsim.kv.block_pool import NULL_BLOCK_ID, BlockPool, PoolQueries
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class KVCacheManager:
+class KVCacheManager(PoolQueries):
     """Blocks per request, prefix hits, allocation and freeing."""
 
     # A4: full blocks are hashed when they are scheduled, so nothing is cached
@@ -63,21 +63,7 @@ class KVCacheManager:
         self._any_forks = False       # copy-on-write checks only once something forked
 
     # -------------------------------------------------------------- queries
-
-    @property
-    def num_usable_blocks(self) -> int:
-        return self.pool.num_usable_blocks
-
-    def get_num_free_blocks(self) -> int:
-        return self.pool.get_num_free_blocks()
-
-    @property
-    def usage(self) -> float:
-        return self.pool.get_usage()
-
-    def free_queue(self) -> list[int]:
-        """The pool's free queue, head first (tests, debugging)."""
-        return self.pool.free_queue()
+    # (num_usable_blocks, get_num_free_blocks, usage, free_queue: PoolQueries)
 
     def get_blocks(self, request_id: str) -> list[int]:
         return self.req_to_blocks.get(request_id, [])
