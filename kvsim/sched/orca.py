@@ -31,7 +31,7 @@ from __future__ import annotations
 from kvsim.kv.contiguous import ContiguousAllocator
 from kvsim.sched.base import DecodeRun, StepPlan, commit_scheduled, record_admission, sample_tokens
 from kvsim.sched.config import SchedulerConfig
-from kvsim.sched.queues import FcfsQueue
+from kvsim.sched.queues import FcfsQueue, QueuedRequests
 from kvsim.sched.request import Request, RequestStatus
 
 RESERVATIONS = ("max", "pow2", "oracle")
@@ -48,7 +48,7 @@ def reservation_tokens(policy: str, final_num_tokens: int, max_model_len: int) -
     raise ValueError(f"engine.orca_reservation: {policy!r} is not one of {', '.join(RESERVATIONS)}")
 
 
-class OrcaScheduler:
+class OrcaScheduler(QueuedRequests):
     """Iteration-level batching; every request holds a contiguous slab for its whole life."""
 
     def __init__(self, config: SchedulerConfig) -> None:
@@ -63,15 +63,6 @@ class OrcaScheduler:
         self.running: list[Request] = []
 
     # ------------------------------------------------------------ protocol
-
-    def add_request(self, req: Request) -> None:
-        self.waiting.add(req)
-
-    def has_requests(self) -> bool:
-        return bool(self.running) or bool(len(self.waiting))
-
-    def get_request_counts(self) -> tuple[int, int]:
-        return len(self.running), len(self.waiting)
 
     def num_free_blocks(self) -> int:
         return self.alloc.usage().free_bytes // self.config.block_size

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from kvsim.sched.base import DecodeRun
 from kvsim.sched.config import SchedulerConfig
+from kvsim.sched.queues import QueuedRequests
 from kvsim.sched.request import Request, RequestStatus
 
 
-class PagedScheduler:
+class PagedScheduler(QueuedRequests):
     """Base of the schedulers that use the paged ``KVCacheManager``."""
 
     def __init__(self, config: SchedulerConfig) -> None:
@@ -26,16 +27,6 @@ class PagedScheduler:
         self.running: list[Request] = []
 
     # ------------------------------------------------------- state queries
-
-    # A waiting queue (``self.waiting``, set by the subclass) and the running list.
-    def add_request(self, req: Request) -> None:
-        self.waiting.add(req)
-
-    def has_requests(self) -> bool:
-        return bool(self.running) or bool(len(self.waiting))
-
-    def get_request_counts(self) -> tuple[int, int]:
-        return len(self.running), len(self.waiting)
 
     @property
     def num_usable_blocks(self) -> int:

@@ -75,3 +75,17 @@ def make_waiting_queue(policy: str):
     if policy == "priority":
         return PriorityQueue()
     raise ValueError(f"engine.policy: {policy!r} is not one of 'fcfs', 'priority'")
+
+
+class QueuedRequests:
+    """The protocol's queue methods for a scheduler with a waiting queue
+    (``self.waiting``) and a running list (``self.running``)."""
+
+    def add_request(self, req: Request) -> None:
+        self.waiting.add(req)
+
+    def has_requests(self) -> bool:
+        return bool(self.running) or bool(len(self.waiting))
+
+    def get_request_counts(self) -> tuple[int, int]:
+        return len(self.running), len(self.waiting)
