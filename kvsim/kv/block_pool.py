@@ -45,7 +45,6 @@ Block 0 is the null block: never queued, never freed, never cached
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from itertools import repeat
 
 NULL_BLOCK_ID = 0
 
@@ -169,20 +168,17 @@ class BlockPool:
             self._head = head + num_blocks
         self._num_free -= num_blocks
         ref, block_hash, cached = self.ref_cnt, self.block_hash, self._cached
-        n = len(out)
-        hashes = list(map(block_hash.__getitem__, out))
-        num_unhashed = hashes.count(None)
-        if num_unhashed < n:
-            if self._num_multi:
-                # Some hash is held by several blocks: evict block by block.
-                for b in out:
-                    if block_hash[b] is not None:
-                        self._evict(b)
-            else:
-                # Eviction: the blocks leave the map.
-                list(map(cached.__delitem__, [h for h in hashes if h is not None]))
-            list(map(block_hash.__setitem__, out, repeat(None, n)))
-        list(map(ref.__setitem__, out, repeat(1, n)))
+        evicted = [h for h in map(block_hash.__getitem__, out) if h is not None]
+        if evicted and self._num_multi:
+            # Some hash is held by several blocks: evict block by block.
+            for b in out:
+                if block_hash[b] is not None:
+                    self._evict(b)
+        elif evicted:
+            list(map(cached.__delitem__, evicted))     # eviction: the blocks leave the map
+        for b in out:
+            ref[b] = 1
+            block_hash[b] = None
         if self.debug:
             for b in out:
                 self.block_tokens[b] = None
@@ -217,30 +213,6 @@ class BlockPool:
         """
         ref, block_hash = self.ref_cnt, self.block_hash
         lifo = self.lifo_unhashed
-        if type(ordered_blocks) is list and ordered_blocks and NULL_BLOCK_ID not in ordered_blocks \
-                and max(map(ref.__getitem__, ordered_blocks)) == 1 \
-                and len(set(ordered_blocks)) == len(ordered_blocks):
-            # The usual call (a finished request's own blocks, held by nobody
-            # else): all reach 0, in order; the same queue updates without a
-            # bytecode step per block.
-            blocks = ordered_blocks
-            list(map(ref.__setitem__, blocks, repeat(0, len(blocks))))
-            hashes = list(map(block_hash.__getitem__, blocks))
-            num_unhashed = hashes.count(None) if lifo else 0
-            if num_unhashed == 0:
-                self._queue += blocks
-            elif hashes[num_unhashed - 1] is None and hashes[:num_unhashed].count(None) == num_unhashed:
-                # The unhashed ones lead (a request's partial tail block, reversed first).
-                if num_unhashed < len(blocks):
-                    self._queue += blocks[num_unhashed:]
-                self._prepend(blocks[:num_unhashed])
-            else:
-                to_tail = [b for b, h in zip(blocks, hashes) if h is not None]
-                if to_tail:
-                    self._queue += to_tail
-                self._prepend([b for b, h in zip(blocks, hashes) if h is None])
-            self._num_free += len(blocks)
-            return
         to_head: list[int] = []
         to_tail: list[int] = []
         for b in ordered_blocks:
@@ -291,7 +263,8 @@ class BlockPool:
                 for h in hashes:
                     cached.pop(h, None)
             else:
-                list(map(block_hash.__setitem__, new, hashes))
+                for b, h in zip(new, hashes):
+                    block_hash[b] = h
                 new = ()
         for b, h in zip(new, hashes):
             if b == NULL_BLOCK_ID:
