@@ -30,16 +30,17 @@ class ChunkedDecodeRuns:
         if self._drafts is not None:
             return None          # accepted drafts vary step by step: no run is exact
         batch = self._decoding_batch()
-        if batch is None or len(self.running) > self.new_budget().room:
+        budget = self.new_budget()
+        if batch is None or len(self.running) > budget.room:
             return None
         if self.cadence.blocks_run(self.running):
             return None
         max_steps, context_sum, computed = batch
         self.refresh_threshold()
-        max_steps = min(max_steps, self._steps_waiting_stays_shut(max_steps, computed))
+        max_steps = min(max_steps, self._steps_waiting_stays_shut(max_steps, computed, budget))
         return self._make_run(max_steps, context_sum, computed, _steps_before_a_block_runs_out)
 
-    def _steps_waiting_stays_shut(self, max_steps: int, computed: list[int]) -> int:
+    def _steps_waiting_stays_shut(self, max_steps: int, computed: list[int], budget: StepBudget) -> int:
         """How many of the next decode steps certainly admit nothing (S3, S4).
 
         Nothing is admitted while the queue is empty, ``max_num_active_seqs``
@@ -54,8 +55,7 @@ class ChunkedDecodeRuns:
         served): the run stops before that step.
         """
         cfg = self.config
-        budget = self.new_budget()
-        budget.take(len(self.running))           # one token per decode
+        budget.take(len(self.running))           # one token per decode (``budget``: a fresh step's)
         shut = len(self.running) >= self.max_num_active_reqs or not budget.open
         if self.transfers is not None and not shut and self.transfers.may_change():
             return 0                              # a request whose KV arrived may start
