@@ -8,13 +8,14 @@ kvsim/cost/distserve.py): the ``vllm`` profile for the colocated vLLM baseline, 
 
 * **Systems**, all on 3 GPUs: DistServe's OPT-13B placement, one prefill instance at TP 2 and
   one decode instance at TP 1 (``evaluation/2-benchmark-serving/2-start-api-server.py``,
-  ``MODEL_TO_PARALLEL_PARAMS``: (2, 1, 1, 1)) over NVLink, against 3 colocated TP-1 replicas
-  behind round robin (that script's proxy), with the vLLM baseline's knobs (block 16,
-  ``max_num_batched_tokens`` 16384, ``max_num_seqs`` 1024, ``gpu_memory_utilization`` 0.95):
-  no prompt is ever chunked, so kvsim's chunked scheduler behaves as vLLM v0 did except that
-  decodes join a prefill step (vLLM v0 ran prefill-only steps). Two more colocated rows
-  separate the causes: the same engine with DistServe's profile (kernels alike, only the
-  placement differs), and chunked prefill of 512 tokens (what vLLM v1 does by default).
+  ``MODEL_TO_PARALLEL_PARAMS``: (2, 1, 1, 1)) over NVLink, and 2 TP-1 prefill instances + 1
+  decode, against 3 colocated TP-1 replicas behind round robin (that script's proxy) running
+  vLLM v0's prefill-first scheduler (``engine.scheduler: continuous``) with the vLLM
+  baseline's knobs (block 16, ``max_num_batched_tokens`` 16384, ``max_num_seqs`` 1024,
+  ``gpu_memory_utilization`` 0.95). The P/D pools keep kvsim's chunked scheduler (P/D refuses
+  others) with the same 16384-token budget, above every prompt, so nothing is chunked. Two
+  more colocated rows separate the causes: vLLM v0 with DistServe's profile (kernels alike,
+  only the placement differs), and chunked prefill of 512 tokens (vLLM v1's way).
 * **Workloads** (synthetic, no dataset): *chatbot* lengths matching the ShareGPT requests of
   DistServe's own OPT-13B runs (``simdistserve/benchmarks/alignment/data-ground-truth/
   opt-13b-sharegpt/*.exp``: prompts mean 760 / median 700 tokens, outputs mean 180 / median
