@@ -194,3 +194,28 @@ def test_a_shared_store_gives_round_robin_replicas_back_the_turns_they_never_saw
     n = reports[1]["kv_offload"].numbers
     assert n["fleet_rr_store_gain"] > 0.1
     assert abs(n["fleet_pa_store_gain"]) < n["fleet_rr_store_gain"]
+
+
+def test_pd_goodput_tables_have_the_columns_they_claim(reports):
+    from kvsim.reports.pd_goodput import BASELINE, PD, WORKLOADS
+    out, done = reports
+    text = (out / "pd_goodput.md").read_text()
+    assert "| workload | system | goodput_per_gpu | vs_colocated_vllm |" in text
+    assert ("| workload | system | rate_per_gpu | attainment | ttft_ok | tpot_ok | p90_ttft_ms "
+            "| p90_tpot_ms | attainment_p_token |") in text
+    assert "| system | requests | rate | measured | simulated | with_ray_overhead |" in text
+    n = done["pd_goodput"].numbers
+    for workload, w in WORKLOADS.items():
+        g = n["goodput_per_gpu"][workload]
+        assert set(g) == {BASELINE, PD}                   # --fast: the two checked systems
+        assert all(0.0 <= v <= max(w["rates"]) for v in g.values())
+        assert f"| {workload} | {PD} |" in text
+    assert {p["system"] for p in n["measured_points"]} == {"vLLM v0, 1 GPU", "DistServe, 2+1 GPUs"}
+
+
+def test_pd_goodput_is_distserves_interpolated_crossing_of_90_percent():
+    from kvsim.reports.pd_goodput import goodput
+    # crossing between 2.0 (95%) and 3.0 (85%): 2.0 + (0.90 - 0.95) * 1.0 / (0.85 - 0.95) = 2.5
+    assert goodput([1.0, 2.0, 3.0], [1.0, 0.95, 0.85]) == pytest.approx(2.5, abs=1e-12)
+    assert goodput([1.0, 2.0], [0.95, 0.91]) == 2.0          # never below 90%: the highest rate
+    assert goodput([1.0, 2.0], [0.80, 0.70]) == 0.0          # below at the lowest rate

@@ -6,6 +6,7 @@ experiment, its published numbers and tolerances)::
     static_vs_continuous.py  paged_vs_contiguous.py  chunk_size_itl.py  prefix_caching.py
     kv_pressure.py           sharing.py              quickstart.py      schedulers_azure.py
     hybrid_kv_capacity.py    radix_vs_hash.py         fleet_routing.py   kv_offload.py
+    pd_goodput.py
 
 on the framework of ``framework.py`` (checks, verdict, Markdown, the index),
 and writes ``reports/<name>.md``. ``kvsim calibrate report`` writes
@@ -31,7 +32,8 @@ from kvsim.reports.framework import Check, Report, ReportContext, render
 # each name is the module kvsim/reports/<name>.py and the scenario <name>.yaml.
 REPORTS = ("static_vs_continuous", "paged_vs_contiguous", "chunk_size_itl", "prefix_caching",
            "kv_pressure", "sharing", "quickstart", "schedulers_azure", "hybrid_kv_capacity",
-           "radix_vs_hash", "fleet_routing", "kv_offload")   # kv_offload: kvtiers, issue 15
+           "radix_vs_hash", "fleet_routing", "kv_offload",   # kv_offload: kvtiers, issue 15
+           "pd_goodput")                                      # pd_goodput: fleet, issue 14 (b)
 # Where the reports find their scenarios unless told (--scenarios): the
 # repository's scenarios/ folder, seen from the repository root.
 DEFAULT_SCENARIOS = Path("scenarios")
