@@ -86,8 +86,12 @@ def offload_settings(eng, *, block_size: int, block_bytes_per_rank: int, tp: int
                             "give the CPU tier's size once (GiB or blocks)")
     why = None
     if eng.kv_offloading_backend != "native":
+        # vLLM 0.33 config/vllm.py _post_init_kv_transfer_config: "lmcache" selects the
+        # LMCacheMPConnector, backed by a standalone LMCache server whose own config
+        # (not kv_offloading_size) sizes the store (docs/kv_tiers.md section 2a).
         why = (f"engine.kv_offloading_backend: {eng.kv_offloading_backend!r} is not modelled "
-               f"(LMCache runs its own server process); allowed: native")
+               f"(vLLM then runs LMCacheMPConnector against a standalone LMCache server, sized "
+               f"by its own config, not kv_offloading_size); allowed: native")
     elif scheduler != "chunked":
         why = (f"engine.scheduler: {scheduler!r} with KV offloading; vLLM's OffloadingConnector "
                f"is a V1 connector: use scheduler: chunked")
