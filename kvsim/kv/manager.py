@@ -139,7 +139,7 @@ class KVCacheManager(PoolQueries):
         (``cache_blocks``). Returns the newly allocated block ids, or None
         (nothing changed).
         """
-        if num_new_tokens < 0 or (num_new_tokens == 0 and not num_external_computed_tokens):
+        if num_new_tokens <= 0 and (num_new_tokens < 0 or not num_external_computed_tokens):
             raise ValueError("num_new_tokens must be > 0")
         rid = req.request_id
         num_computed = req.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
@@ -156,17 +156,19 @@ class KVCacheManager(PoolQueries):
                 blocks.extend(new_computed_blocks)
                 self.num_cached_block[rid] = len(new_computed_blocks)
             self._copy_on_write(req, blocks)
-        num_new_blocks = self.num_blocks_for(need) - len(blocks)
-        if num_new_blocks > 0:
-            if num_new_blocks > self.pool.get_num_free_blocks():
-                return None                 # a running request: nothing to revive (A2)
-            new_blocks = self.pool.get_new_blocks(num_new_blocks)
-            blocks.extend(new_blocks)
-        else:
-            new_blocks = []
-        if not delay_cache_blocks:
+        bs = self.block_size
+        new_blocks = []
+        if need > len(blocks) * bs:         # the held blocks do not cover it (the usual decode step does)
+            num_new_blocks = self.num_blocks_for(need) - len(blocks)
+            if num_new_blocks > 0:
+                if num_new_blocks > self.pool.get_num_free_blocks():
+                    return None             # a running request: nothing to revive (A2)
+                new_blocks = self.pool.get_new_blocks(num_new_blocks)
+                blocks.extend(new_blocks)
+        filled = num_computed + num_new_tokens
+        if not delay_cache_blocks and self.enable_caching and filled // bs > self.num_cached_block[rid]:
             # Slots reserved past the known tokens (lookahead) are never cached.
-            self._cache_full_blocks(req, blocks, min(num_computed + num_new_tokens, req.num_tokens))
+            self._cache_full_blocks(req, blocks, min(filled, req.num_tokens))
         return new_blocks
 
     def cache_blocks(self, req, num_computed_tokens: int) -> None:
@@ -306,10 +308,27 @@ class KVCacheManager(PoolQueries):
             first = (lo + 1) * bs - num_computed[i]
             fills.extend(range(first * num_seqs + i, last_step * num_seqs + num_seqs, bs * num_seqs))
         fills.sort()
+        if self.debug:
+            for key in fills:
+                i = key % num_seqs
+                r = reqs[i]
+                self._cache_full_blocks(r, blocks_of[r.request_id], num_computed[i] + key // num_seqs)
+            return
+        # Each fill caches the request's next block: the blocks and their
+        # hashes in fill order, stored by the pool one by one (the same calls
+        # as _cache_full_blocks one block at a time, without its checks).
+        blocks, hashes = [], []
+        next_block = {i: lo for i, lo, _ in spans}
         for key in fills:
             i = key % num_seqs
+            j = next_block[i]
+            next_block[i] = j + 1
             r = reqs[i]
-            self._cache_full_blocks(r, blocks_of[r.request_id], num_computed[i] + key // num_seqs)
+            blocks.append(blocks_of[r.request_id][j])
+            hashes.append(r.block_hashes[j])
+        self.pool.cache_blocks_in_order(blocks, hashes)
+        for i, _, hi in spans:
+            cached[reqs[i].request_id] = hi
 
     def first_step_caching(self, reqs: Sequence, num_computed: Sequence[int], block_hash: int,
                            max_steps: int) -> int | None:
