@@ -50,6 +50,7 @@ def test_the_reuse_bound_counts_leading_blocks_seen_before(tmp_path: Path):
 def test_the_report_runs_on_a_synthetic_trace(tmp_path: Path):
     trace = write_synthetic_trace(tmp_path / "data" / TRACE)
     ctx = ReportContext(out=tmp_path / "out", fast=True, scenarios=SCENARIOS, data=tmp_path / "data")
+    assert trace_path(ctx.data) == trace.resolve()         # found under the data root
     rep = build(ctx, trace_path(ctx.data), max_requests=72, small_gib=4, big_gib=64, disk_gib=64,
                 extra=SMALL_GPU)
     rows = {r["run"]: r for r in rep.numbers["rows"]}
