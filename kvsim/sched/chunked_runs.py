@@ -10,7 +10,8 @@ ahead of time; nothing here allocates or changes state except through
 
 from __future__ import annotations
 
-from kvsim.sched.base import DecodeRun
+from kvsim.sched.base import DecodeRun, StepPlan
+from kvsim.sched.budget import StepBudget
 from kvsim.sched.request import Request
 
 
@@ -89,6 +90,34 @@ class ChunkedDecodeRuns:
             return max_steps
         first = self.kv.first_step_caching(self.running, computed, head.block_hashes[j], max_steps)
         return max_steps if first is None else first - 1
+
+    def _schedule_decodes_at_once(self, plan: StepPlan, budget: StepBudget) -> bool:
+        """S2 for a batch of decodes in one KV call, when nothing can differ from
+        ``_schedule_running``'s loop: every running request decodes one token
+        (the batch a decode run needs), the budget covers them, and every block
+        they need is free (no preemption), so the loop would give each one
+        token and call ``allocate_slots(req, 1)`` on each, in order — which is
+        what ``kv.allocate_decode_steps`` does for one step. The engine turns
+        this on with its fast path only (``decodes_at_once``), so the
+        step-by-step path stays the plain reference. Returns whether it did.
+        """
+        if (not self.decodes_at_once or self._drafts is not None or self._lookahead
+                or self.cadence.on or self._finishing or self.transfers is not None
+                or self.kv.aligns_chunks):
+            return False
+        batch = self._decoding_batch()
+        reqs = self.running
+        if batch is None or len(reqs) > budget.room:
+            return False
+        computed = batch[2]
+        kv = self.kv
+        first = kv.decode_run_first_allocations(reqs, computed)
+        if first is None or kv.nth_decode_run_allocation(first, kv.get_num_free_blocks() + 1, 1) is not None:
+            return False
+        kv.allocate_decode_steps(reqs, computed, first, 1, 1)
+        plan.scheduled += [(r, 1, c) for r, c in zip(reqs, computed)]
+        budget.take(len(reqs))
+        return True
 
     def apply_decode_run(self, run: DecodeRun, num_steps: int, token_times: list[float]) -> list[Request]:
         """The run's steps, and their prefill cadence counters (sched/cadence.py)."""
