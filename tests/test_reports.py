@@ -15,18 +15,24 @@ from kvsim.reports import REPORTS, Check, Report, render, run_reports
 
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+# The data root of the reports on real traces (kv_offload_mooncake); without it
+# that report is left out here (tests/test_report_kv_offload_mooncake.py runs it
+# on a synthetic trace either way).
+DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+HAVE_DATA = (DATA / "traces" / "mooncake_conversation_trace.jsonl").is_file()
+NAMES = [n for n in REPORTS if HAVE_DATA or n != "kv_offload_mooncake"]
 
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     out = tmp_path_factory.mktemp("reports")
-    done = run_reports(None, out, fast=True, scenarios=SCENARIOS)
+    done = run_reports(NAMES, out, fast=True, scenarios=SCENARIOS, data=DATA)
     return out, {r.name: r for r in done}
 
 
 def test_every_report_writes_markdown_with_verdict_figure_and_command(reports):
     out, done = reports
-    assert set(done) == set(REPORTS)
+    assert set(done) == set(NAMES)
     for name, rep in done.items():
         text = (out / f"{name}.md").read_text()
         assert f"**Verdict: {rep.verdict}**" in text
@@ -219,3 +225,13 @@ def test_pd_goodput_is_distserves_interpolated_crossing_of_90_percent():
     assert goodput([1.0, 2.0, 3.0], [1.0, 0.95, 0.85]) == pytest.approx(2.5, abs=1e-12)
     assert goodput([1.0, 2.0], [0.95, 0.91]) == 2.0          # never below 90%: the highest rate
     assert goodput([1.0, 2.0], [0.80, 0.70]) == 0.0          # below at the lowest rate
+
+
+@pytest.mark.skipif(not HAVE_DATA, reason="no ../shared/data/traces/mooncake_conversation_trace.jsonl")
+def test_on_the_mooncake_trace_a_large_cpu_tier_lowers_ttft_and_raises_saturated_throughput(reports):
+    n = reports[1]["kv_offload_mooncake"].numbers
+    rows = {r["run"]: r for r in n["rows"]}
+    assert rows["GPU only"]["tier_hit_rate"] == 0.0
+    assert rows["CPU 1024 GiB"]["tier_hit_rate"] > rows["CPU 256 GiB"]["tier_hit_rate"]
+    assert rows["CPU 1024 GiB"]["hit_rate"] <= n["bound"]["hit_rate"]
+    assert n["ttft_gain"] > 0 and n["throughput_gain"] > 0
