@@ -111,7 +111,7 @@ class KVCacheManager(PoolQueries):
             return max(required - held, 0) + self._cow_blocks_needed(req, num_tokens)
         num_new = max(required - len(new_computed_blocks) - held, 0)
         ref = self.pool.ref_cnt
-        num_evictable = sum(1 for b in new_computed_blocks if ref[b] == 0)
+        num_evictable = list(map(ref.__getitem__, new_computed_blocks)).count(0)
         return num_new + num_evictable
 
     def align_chunk(self, req, num_new_tokens: int, num_new_computed_tokens: int = 0) -> int:
@@ -232,8 +232,8 @@ class KVCacheManager(PoolQueries):
 
         if n < 1:
             return (1, 0)
-        if allocated_by(max_steps) < n:
-            return None
+        if len(first_allocations) * (max_steps // bs + 1) < n or allocated_by(max_steps) < n:
+            return None                           # (the first: at most one block per bs steps each)
         lo, hi = 1, max_steps                     # the first step by which n blocks are taken
         while lo < hi:
             mid = (lo + hi) // 2
@@ -293,8 +293,12 @@ class KVCacheManager(PoolQueries):
             # Step s leaves a request with c + s tokens: its first uncached
             # block j is full at step (j + 1) * bs - c.
             cached = self.num_cached_block
-            fills = _steps_in([(cached[r.request_id] + 1) * bs - c for r, c in zip(reqs, num_computed)],
-                              first_step, last_step, bs)
+            if first_step == 1:
+                fills = [(s, i) for i, r, c in zip(range(num_seqs), reqs, num_computed)
+                         if (s := (cached[r.request_id] + 1) * bs - c) <= last_step]
+            else:
+                fills = _steps_in([(cached[r.request_id] + 1) * bs - c for r, c in zip(reqs, num_computed)],
+                                  first_step, last_step, bs)
             if fills:
                 self._cache_decode_steps(reqs, num_computed, fills, last_step)
         return out
@@ -356,7 +360,7 @@ class KVCacheManager(PoolQueries):
     def has_evictable_hits(self, blocks: Sequence[int]) -> bool:
         """Whether any of these prefix-hit blocks sits in the free queue."""
         ref = self.pool.ref_cnt
-        return any(ref[b] == 0 for b in blocks)
+        return 0 in map(ref.__getitem__, blocks)
 
     # -------------------------------------------------------------- private
 

@@ -287,7 +287,7 @@ class Engine(EngineRecords):
         else:
             self._inbox.step_started(start)
         for req, _, _ in plan.scheduled:
-            if math.isnan(req.scheduled_time):
+            if req.scheduled_time != req.scheduled_time:      # NaN: first scheduled now
                 req.scheduled_time = start
         for req in plan.failed:
             req.finish_time = start
