@@ -60,6 +60,8 @@ class Inbox:
         step: the engine core read these requests (submitted during the step
         before it) once that earlier step's outputs were in.
         """
+        if not self._reqs:
+            return []                     # the usual case: nothing was submitted
         cutoff = self._scheduled_at
         n = len(self._reqs)
         if cutoff is not None:
