@@ -155,3 +155,15 @@ def test_bursts_of_same_instant_arrivals_split_across_windows(window, monkeypatc
         assert fleet.separate is independent
         results.append(collect_fleet(fleet.run(specs), sc, cluster))
     assert_same(*results)
+
+
+def test_progress_of_a_separate_run_never_goes_back_and_counts_every_request(monkeypatch):
+    monkeypatch.setattr(separate, "WINDOW", 16)
+    calls = []
+    result = simulate_cluster(scenario(num_requests=1200, arrival={"type": "poisson", "rate": 60.0}),
+                              progress=lambda t, n, total: calls.append((t, n, total)))
+    assert len(envs(result)) == 3 and len(calls) > 3
+    times = [t for t, _, _ in calls]
+    assert times == sorted(times)
+    assert all(total == 1200 for _, _, total in calls)
+    assert max(n for _, n, _ in calls) <= 1200

@@ -102,6 +102,7 @@ class Fleet:
         self.infos: list[ReplicaInfo] = []
         self.pools = list(pools)
         self._progress = progress
+        self._reported_s = 0.0
         link = load_link(cluster.link) if self.disaggregated else None
         ports = LinkPorts()
         self.connectors: list[PrefillSide | DecodeSide | None] = []
@@ -193,6 +194,9 @@ class Fleet:
         # Each replica calls this every 256 of its steps; the count is the fleet's
         # (P/D: a request is done on its decode replica, or failed on its prefill one).
         done = sum(r.num_done for r, i in zip(self.replicas, self.infos) if i.role != "prefill")
+        if self.separate:
+            # Replicas run one after another (separate.py): never report time going back.
+            now_s = self._reported_s = max(self._reported_s, now_s)
         self._progress(now_s, done + len(self.prefill_failed))
 
     def run(self, specs: Iterable[RequestSpec], *, concurrency: int | None = None) -> FleetRun:
