@@ -21,15 +21,18 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_the_profile_folder_is_inside_the_kvsim_package():
+    from kvsim.cost.distserve import DATA_DIR
     package = Path(kvsim.__file__).resolve().parent
     assert PROFILE_DIR.resolve().is_relative_to(package)
+    assert DATA_DIR.resolve().is_relative_to(package) and DATA_DIR.parent == PROFILE_DIR
     assert PROFILE_DIR == Path(fitted.__file__).with_name("profiles")
 
 
 def test_pyproject_ships_every_data_file_the_package_reads():
     config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     data = config["package-data"]
-    assert data["kvsim.cost"] == ["profiles/*.json"]
+    # profiles/distserve/: DistServe's coefficient files and their licence (cost/distserve.py)
+    assert data["kvsim.cost"] == ["profiles/*.json", "profiles/distserve/*"]
     assert data["kvsim.specs"] == ["data/*.yaml"]
     # calibration/ is a repository tool that imports kvsim; it is not installed with it
     assert config["packages"]["find"]["include"] == ["kvsim*"]
@@ -89,7 +92,7 @@ for path in sorted(set(opened)):
 """
 
 
-@pytest.mark.parametrize("name", ["fitted_a100", "chunk_size_itl"])
+@pytest.mark.parametrize("name", ["fitted_a100", "chunk_size_itl", "pd_distserve"])
 def test_a_run_reads_no_file_but_the_packages_and_its_inputs(tmp_path, name):
     """At run time the library opens its own package files (catalogs, profiles), the
     scenario and the files it names, and what it writes: nothing else (an audit hook

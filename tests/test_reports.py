@@ -15,18 +15,24 @@ from kvsim.reports import REPORTS, Check, Report, render, run_reports
 
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+# The data root of the reports on real traces (kv_offload_mooncake); without it
+# that report is left out here (tests/test_report_kv_offload_mooncake.py runs it
+# on a synthetic trace either way).
+DATA = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+HAVE_DATA = (DATA / "traces" / "mooncake_conversation_trace.jsonl").is_file()
+NAMES = [n for n in REPORTS if HAVE_DATA or n != "kv_offload_mooncake"]
 
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory):
     out = tmp_path_factory.mktemp("reports")
-    done = run_reports(None, out, fast=True, scenarios=SCENARIOS)
+    done = run_reports(NAMES, out, fast=True, scenarios=SCENARIOS, data=DATA)
     return out, {r.name: r for r in done}
 
 
 def test_every_report_writes_markdown_with_verdict_figure_and_command(reports):
     out, done = reports
-    assert set(done) == set(REPORTS)
+    assert set(done) == set(NAMES)
     for name, rep in done.items():
         text = (out / f"{name}.md").read_text()
         assert f"**Verdict: {rep.verdict}**" in text
@@ -194,3 +200,38 @@ def test_a_shared_store_gives_round_robin_replicas_back_the_turns_they_never_saw
     n = reports[1]["kv_offload"].numbers
     assert n["fleet_rr_store_gain"] > 0.1
     assert abs(n["fleet_pa_store_gain"]) < n["fleet_rr_store_gain"]
+
+
+def test_pd_goodput_tables_have_the_columns_they_claim(reports):
+    from kvsim.reports.pd_goodput import BASELINE, PD, WORKLOADS
+    out, done = reports
+    text = (out / "pd_goodput.md").read_text()
+    assert "| workload | system | goodput_per_gpu | vs_colocated_vllm |" in text
+    assert ("| workload | system | rate_per_gpu | attainment | ttft_ok | tpot_ok | p90_ttft_ms "
+            "| p90_tpot_ms | attainment_p_token |") in text
+    assert "| system | requests | rate | measured | simulated | with_ray_overhead |" in text
+    n = done["pd_goodput"].numbers
+    for workload, w in WORKLOADS.items():
+        g = n["goodput_per_gpu"][workload]
+        assert set(g) == {BASELINE, PD}                   # --fast: the two checked systems
+        assert all(0.0 <= v <= max(w["rates"]) for v in g.values())
+        assert f"| {workload} | {PD} |" in text
+    assert {p["system"] for p in n["measured_points"]} == {"vLLM v0, 1 GPU", "DistServe, 2+1 GPUs"}
+
+
+def test_pd_goodput_is_distserves_interpolated_crossing_of_90_percent():
+    from kvsim.reports.pd_goodput import goodput
+    # crossing between 2.0 (95%) and 3.0 (85%): 2.0 + (0.90 - 0.95) * 1.0 / (0.85 - 0.95) = 2.5
+    assert goodput([1.0, 2.0, 3.0], [1.0, 0.95, 0.85]) == pytest.approx(2.5, abs=1e-12)
+    assert goodput([1.0, 2.0], [0.95, 0.91]) == 2.0          # never below 90%: the highest rate
+    assert goodput([1.0, 2.0], [0.80, 0.70]) == 0.0          # below at the lowest rate
+
+
+@pytest.mark.skipif(not HAVE_DATA, reason="no ../shared/data/traces/mooncake_conversation_trace.jsonl")
+def test_on_the_mooncake_trace_a_large_cpu_tier_lowers_ttft_and_raises_saturated_throughput(reports):
+    n = reports[1]["kv_offload_mooncake"].numbers
+    rows = {r["run"]: r for r in n["rows"]}
+    assert rows["GPU only"]["tier_hit_rate"] == 0.0
+    assert rows["CPU 1024 GiB"]["tier_hit_rate"] > rows["CPU 256 GiB"]["tier_hit_rate"]
+    assert rows["CPU 1024 GiB"]["hit_rate"] <= n["bound"]["hit_rate"]
+    assert n["ttft_gain"] > 0 and n["throughput_gain"] > 0

@@ -6,7 +6,9 @@
 * ``{type: constant, step_time_s: 1.0}`` — every step the same (tests, teaching);
 * ``{type: roofline, <RooflineParams fields>}`` — datasheet physics, any GPU/model;
 * ``{type: fitted, profile: NAME_OR_PATH}`` — coefficients fitted to measurements
-  (shipped in ``kvsim/cost/profiles/NAME.json``, or a path).
+  (shipped in ``kvsim/cost/profiles/NAME.json``, or a path);
+* ``{type: distserve, profile: distserve | vllm}`` — DistServe's own fitted
+  formulas for OPT on A100-80GB (``distserve.py``).
 
 Roofline and fitted models also take the engine's time outside the GPU
 (``overhead.py``, ``presets.py``): ``engine_preset: NAME``, ``engine_overhead:
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 from kvsim.cost.base import BatchShape, ConstantCostModel, CostModel, step_time_function
 
-COST_MODEL_TYPES = ("constant", "roofline", "fitted")
+COST_MODEL_TYPES = ("constant", "roofline", "fitted", "distserve")
 
 __all__ = ["BatchShape", "ConstantCostModel", "CostModel", "build_cost_model", "step_time_function",
            "COST_MODEL_TYPES"]
@@ -74,6 +76,12 @@ def build_cost_model(config: dict, *, model, gpu, tp: int = 1,
                              "need type: roofline")
         gpu_model = fitted_cost_model(load_profile(config["profile"]), model, gpu, tp, kv_cache_dtype)
         return _with_engine(gpu_model, config, engine, tp, gpu)
+    if kind == "distserve":
+        from kvsim.cost.distserve import distserve_cost_model
+        if parallel is not None and (parallel.dp > 1 or parallel.use_ep):
+            raise ValueError("cost_model.type: 'distserve' profiles are per TP degree; "
+                             "hardware.dp > 1 or engine.enable_expert_parallel need type: roofline")
+        return distserve_cost_model(config, model, gpu, tp)
     raise ValueError(f"cost_model.type: {kind!r} is not a cost model; "
                      f"allowed: {', '.join(COST_MODEL_TYPES)}")
 

@@ -211,7 +211,10 @@ class StepCostModel:
         window, decode_keys = self._window, self.shapes.decode_keys
         n = float(num_seqs)
         q_bytes, per_seq = n * self._q_bytes_per_token, spt * n
-        host = launch + cpu
+        # _combine(kernels, launch, cpu, overlap_cpu) as max(kernels, floor) + extra:
+        # overlapped, max(kernels, launch + cpu) + 0.0 (the same float); else
+        # max(kernels, launch) + cpu.
+        floor, extra = (launch + cpu, 0.0) if overlap_cpu else (launch, cpu)
         times, durations = [start], []
         t, context = start, context_token_sum
         for _ in range(max_steps):
@@ -225,10 +228,7 @@ class StepCostModel:
                 + const_s + per_seq
             # _combine(kernels, launch, cpu, overlap_cpu), inlined (the same operations).
             d = (linear + num_layers * per_layer + allreduce) * scale
-            if overlap_cpu:
-                d = d if d >= host else host
-            else:
-                d = (d if d >= launch else launch) + cpu
+            d = (d if d >= floor else floor) + extra
             t += d
             times.append(t)
             durations.append(d)

@@ -276,6 +276,17 @@ class BlockPool:
             for i in range(num_cached_blocks, num_full_blocks):
                 self.block_tokens[blocks[i]] = tuple(tokens[i * block_size:(i + 1) * block_size])
 
+    def cache_blocks_in_order(self, blocks: Sequence[int], block_hashes: Sequence[int]) -> None:
+        """Give each block its hash, in this order (A4, B8): what
+        ``cache_full_blocks`` does for one block per call, for many calls (a
+        decode run's fills, kv/manager.py ``_cache_decode_steps``)."""
+        cached, block_hash = self._cached, self.block_hash
+        for b, h in zip(blocks, block_hashes):
+            if b != NULL_BLOCK_ID:
+                block_hash[b] = h
+                if cached.setdefault(h, b) != b:
+                    self._add_duplicate(h, b)
+
     # ------------------------------------------------------------- private
 
     def _prepend(self, blocks: list[int]) -> None:

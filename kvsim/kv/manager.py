@@ -25,6 +25,8 @@ and, in debug mode, ``all_token_ids``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import accumulate
+from operator import sub
 
 from kvsim.kv.block_pool import NULL_BLOCK_ID, BlockPool, PoolQueries
 
@@ -139,7 +141,7 @@ class KVCacheManager(PoolQueries):
         (``cache_blocks``). Returns the newly allocated block ids, or None
         (nothing changed).
         """
-        if num_new_tokens < 0 or (num_new_tokens == 0 and not num_external_computed_tokens):
+        if num_new_tokens <= 0 and (num_new_tokens < 0 or not num_external_computed_tokens):
             raise ValueError("num_new_tokens must be > 0")
         rid = req.request_id
         num_computed = req.num_computed_tokens + num_new_computed_tokens + num_external_computed_tokens
@@ -156,17 +158,19 @@ class KVCacheManager(PoolQueries):
                 blocks.extend(new_computed_blocks)
                 self.num_cached_block[rid] = len(new_computed_blocks)
             self._copy_on_write(req, blocks)
-        num_new_blocks = self.num_blocks_for(need) - len(blocks)
-        if num_new_blocks > 0:
-            if num_new_blocks > self.pool.get_num_free_blocks():
-                return None                 # a running request: nothing to revive (A2)
-            new_blocks = self.pool.get_new_blocks(num_new_blocks)
-            blocks.extend(new_blocks)
-        else:
-            new_blocks = []
-        if not delay_cache_blocks:
+        bs = self.block_size
+        new_blocks = []
+        if need > len(blocks) * bs:         # the held blocks do not cover it (the usual decode step does)
+            num_new_blocks = self.num_blocks_for(need) - len(blocks)
+            if num_new_blocks > 0:
+                if num_new_blocks > self.pool.get_num_free_blocks():
+                    return None             # a running request: nothing to revive (A2)
+                new_blocks = self.pool.get_new_blocks(num_new_blocks)
+                blocks.extend(new_blocks)
+        filled = num_computed + num_new_tokens
+        if not delay_cache_blocks and self.enable_caching and filled // bs > self.num_cached_block[rid]:
             # Slots reserved past the known tokens (lookahead) are never cached.
-            self._cache_full_blocks(req, blocks, min(num_computed + num_new_tokens, req.num_tokens))
+            self._cache_full_blocks(req, blocks, min(filled, req.num_tokens))
         return new_blocks
 
     def cache_blocks(self, req, num_computed_tokens: int) -> None:
@@ -213,7 +217,8 @@ class KVCacheManager(PoolQueries):
             return None
         bs = self.block_size
         blocks_of = self.req_to_blocks
-        return [max(len(blocks_of[r.request_id]) * bs - c + 1, 1) for r, c in zip(reqs, num_computed)]
+        return [s if (s := len(blocks_of[r.request_id]) * bs - c + 1) > 1 else 1
+                for r, c in zip(reqs, num_computed)]
 
     def nth_decode_run_allocation(self, first_allocations: Sequence[int], n: int,
                                   max_steps: int) -> tuple[int, int] | None:
@@ -264,52 +269,71 @@ class KVCacheManager(PoolQueries):
         bs = self.block_size
         num_seqs = len(reqs)
         blocks_of = self.req_to_blocks
-        # Pops as step * num_seqs + index: sorted, they are in pop order.
-        keys = []
-        for i, s0 in enumerate(first_allocations):
-            s = s0 if s0 >= first_step else s0 + -(-(first_step - s0) // bs) * bs
-            keys.extend(range(s * num_seqs + i, last_step * num_seqs + num_seqs, bs * num_seqs))
-        taken = [0] * (last_step - first_step + 1)
-        if keys:
+        # Pops and fills as step * num_seqs + index: sorted, they are in the
+        # order the step path pops and hashes them (the hash order matters
+        # when two blocks share a hash, B8).
+        stride = bs * num_seqs
+        end = last_step * num_seqs + num_seqs
+        free = pool.get_num_free_blocks()
+        num_steps = last_step - first_step + 1
+        starts = _steps_in(first_allocations, first_step, last_step, bs)
+        if starts:
+            keys = []
+            for s, i in starts:
+                keys.extend(range(s * num_seqs + i, end, stride))
             keys.sort()
+            taken = [0] * num_steps
             for key, block in zip(keys, pool.get_new_blocks(len(keys))):
                 blocks_of[reqs[key % num_seqs].request_id].append(block)
                 taken[key // num_seqs - first_step] += 1
+            out = list(accumulate(taken, sub, initial=free))[1:]
+        else:
+            out = [free] * num_steps
         if self.enable_caching:
-            self._cache_decode_steps(reqs, num_computed, last_step)
-        free = pool.get_num_free_blocks() + len(keys)
-        out = []
-        for k in taken:
-            free -= k
-            out.append(free)
+            # Step s leaves a request with c + s tokens: its first uncached
+            # block j is full at step (j + 1) * bs - c.
+            cached = self.num_cached_block
+            fills = _steps_in([(cached[r.request_id] + 1) * bs - c for r, c in zip(reqs, num_computed)],
+                              first_step, last_step, bs)
+            if fills:
+                self._cache_decode_steps(reqs, num_computed, fills, last_step)
         return out
 
-    def _cache_decode_steps(self, reqs: Sequence, num_computed: Sequence[int], last_step: int) -> None:
+    def _cache_decode_steps(self, reqs: Sequence, num_computed: Sequence[int],
+                            fills: list[tuple[int, int]], last_step: int) -> None:
         """A4 for every block the run's steps fill up to ``last_step``, in
         (step, batch index) order, as the step path hashes them (the order
-        matters when two blocks share a hash, B8)."""
+        matters when two blocks share a hash, B8). ``fills``: (first step
+        from which it fills a block every block_size steps, index)."""
         bs = self.block_size
-        cached = self.num_cached_block
-        blocks_of = self.req_to_blocks
-        spans = []
-        for i, r in enumerate(reqs):
-            lo, hi = cached[r.request_id], (num_computed[i] + last_step) // bs
-            if hi > lo:
-                spans.append((i, lo, hi))
-        if not spans:
-            return
         num_seqs = len(reqs)
-        fills = []                    # step * num_seqs + index: the step fills a block
-        for i, lo, hi in spans:
-            # Step s leaves the request with c + s tokens: block j is full at
-            # step (j + 1) * bs - c.
-            first = (lo + 1) * bs - num_computed[i]
-            fills.extend(range(first * num_seqs + i, last_step * num_seqs + num_seqs, bs * num_seqs))
-        fills.sort()
-        for key in fills:
+        stride = bs * num_seqs
+        end = last_step * num_seqs + num_seqs
+        keys = []                    # step * num_seqs + index: the step fills a block
+        for s, i in fills:
+            keys.extend(range(s * num_seqs + i, end, stride))
+        keys.sort()
+        blocks_of = self.req_to_blocks
+        if self.debug:
+            for key in keys:
+                i = key % num_seqs
+                r = reqs[i]
+                self._cache_full_blocks(r, blocks_of[r.request_id], num_computed[i] + key // num_seqs)
+            return
+        # Each fill caches one block, j = (c + s) // bs - 1: the blocks and
+        # their hashes in fill order, stored by the pool one by one (what
+        # _cache_full_blocks does one block at a time, without its checks).
+        blocks, hashes = [], []
+        for key in keys:
             i = key % num_seqs
             r = reqs[i]
-            self._cache_full_blocks(r, blocks_of[r.request_id], num_computed[i] + key // num_seqs)
+            j = (num_computed[i] + key // num_seqs) // bs - 1
+            blocks.append(blocks_of[r.request_id][j])
+            hashes.append(r.block_hashes[j])
+        self.pool.cache_blocks_in_order(blocks, hashes)
+        cached = self.num_cached_block
+        for _, i in fills:
+            cached[reqs[i].request_id] = (num_computed[i] + last_step) // bs
 
     def first_step_caching(self, reqs: Sequence, num_computed: Sequence[int], block_hash: int,
                            max_steps: int) -> int | None:
@@ -385,3 +409,12 @@ class KVCacheManager(PoolQueries):
             want = tuple(tokens[i * bs:(i + 1) * bs])
             if stored is not None and stored != want:
                 raise AssertionError(f"prefix hit on block {b} holds other tokens than request {req.request_id}")
+
+
+def _steps_in(first_steps: Sequence[int], first_step: int, last_step: int, bs: int) -> list[tuple[int, int]]:
+    """(first step >= ``first_step``, index) of each progression ``s0, s0 + bs, ...``
+    of ``first_steps`` that has a step within ``first_step..last_step``."""
+    if first_step == 1:
+        return [(s0, i) for i, s0 in enumerate(first_steps) if s0 <= last_step]
+    return [(s, i) for i, s0 in enumerate(first_steps)
+            if (s := s0 if s0 >= first_step else s0 + -(-(first_step - s0) // bs) * bs) <= last_step]

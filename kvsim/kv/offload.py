@@ -28,6 +28,11 @@ its ``LRUCachePolicy`` (``vllm/v1/kv_offload/cpu/{manager,policies/lru}.py``):
   ranks tail first, so the head is the most recent (as the GPU pool frees
   blocks, kv-semantics B6).
 
+A rank is one int, ``order * RANK_SPAN - position`` (the pair (order,
+-position) compared lexicographically, as one number: a heap of ints pops
+several times faster than one of nested tuples, and eviction is what an
+offloading run spends its time on).
+
 ``offload_stack.py`` stacks tiers (CPU, then disk, then a shared store).
 """
 
@@ -39,6 +44,7 @@ from dataclasses import dataclass
 
 MEDIA = ("cpu", "disk", "remote")
 MISS, HIT, PENDING = "miss", "hit", "pending"
+RANK_SPAN = 1 << 40      # > any token position: (order, -position) as order * RANK_SPAN - position
 
 
 @dataclass(frozen=True)
@@ -106,8 +112,8 @@ class OffloadTier:
         self.chunk_bytes = chunk_bytes
         self.capacity_chunks = capacity
         self._ref: dict[int, int] = {}           # -1 pending store, 0 evictable, > 0 pinned by loads
-        self._rank: dict[int, tuple[int, int]] = {}
-        self._heap: list[tuple[tuple[int, int], int]] = []   # lazy: stale entries skipped
+        self._rank: dict[int, int] = {}           # key -> rank (module doc)
+        self._heap: list[tuple[int, int]] = []    # (rank, key), lazy: stale entries skipped
         self._next_rank = 0
         self._request_rank: dict[object, int] = {}
         self._seen: dict[object, dict[int, int | None]] = {}    # request -> chunks it used, position
@@ -135,6 +141,11 @@ class OffloadTier:
     def state(self, key: int) -> int | None:
         """-1 pending, 0 ready, n > 0 pinned by n loads, None absent."""
         return self._ref.get(key)
+
+    def rank(self, key: int) -> tuple[int, int]:
+        """The chunk's rank as vLLM's policy writes it: (order, -position) (module doc)."""
+        order = -(-self._rank[key] // RANK_SPAN)
+        return order, self._rank[key] - order * RANK_SPAN
 
     def lru_order(self) -> list[int]:
         """Evictable chunks, next to be evicted first (for tests)."""
@@ -167,14 +178,13 @@ class OffloadTier:
             if victims is None:
                 self.num_failed += len(new)
                 return None
+            ranks = self._rank
             for k in victims:
                 del ref[k]
-                del self._rank[k]
+                del ranks[k]
             evicted = victims
             self.num_evicted += len(victims)
-        for k, p in new:
-            ref[k] = -1
-            self._rank[k] = self._rank_for(request_id, p)
+        self._set_ranks(new, request_id)
         self.num_stored += len(new)
         self.bytes_written += len(new) * self.chunk_bytes
         return StoreResult(tuple(k for k, _ in new), tuple(evicted))
@@ -218,12 +228,14 @@ class OffloadTier:
 
     def touch(self, keys: Sequence[int]) -> None:
         """Most recently used, head last: fresh ranks from the tail (``LRUCachePolicy.touch``)."""
+        ref, ranks, heap, push = self._ref, self._rank, self._heap, heapq.heappush
         for k in reversed(list(keys)):
-            if k in self._ref:
+            r = ref.get(k)
+            if r is not None:
                 self._next_rank += 1
-                self._rank[k] = (self._next_rank, 0)
-                if self._ref[k] == 0:
-                    heapq.heappush(self._heap, (self._rank[k], k))
+                rank = ranks[k] = self._next_rank * RANK_SPAN
+                if r == 0:
+                    push(heap, (rank, k))
 
     def request_finished(self, request_id) -> None:
         """Commit the request's recency (``on_request_finished``).
@@ -242,11 +254,20 @@ class OffloadTier:
 
     # ------------------------------------------------------------ private
 
-    def _rank_for(self, request_id, position) -> tuple[int, int]:
-        if position is None or request_id is None:
-            self._next_rank += 1
-            return (self._next_rank, 0)
-        return (self._request_rank_of(request_id), -position)
+    def _set_ranks(self, new: list[tuple[int, int | None]], request_id) -> None:
+        """New pending chunks and their ranks: a fresh rank for a chunk without a
+        position (or request), else the request's shared rank less its position."""
+        ref, ranks = self._ref, self._rank
+        base = None
+        for k, p in new:
+            ref[k] = -1
+            if p is None or request_id is None:
+                self._next_rank += 1
+                ranks[k] = self._next_rank * RANK_SPAN
+            else:
+                if base is None:                    # may take the next rank, in chunk order
+                    base = self._request_rank_of(request_id) * RANK_SPAN
+                ranks[k] = base - p
 
     def _request_rank_of(self, request_id) -> int:
         """The rank all of a request's chunks share, given at its first access (``_get_request_rank``)."""
@@ -273,7 +294,7 @@ class OffloadTier:
             seen[k] = p
             if p is None or k not in self._ref:
                 continue
-            rank = (request_rank, -p)
+            rank = request_rank * RANK_SPAN - p
             if self._rank[k] < rank:
                 self._rank[k] = rank
                 if self._ref[k] == 0:
@@ -282,22 +303,24 @@ class OffloadTier:
     def _victims(self, n: int, protected: set[int]) -> list[int] | None:
         """The ``n`` evictable chunks of lowest rank, not protected; None if there are fewer."""
         out: list[int] = []
-        kept: list[tuple[tuple[int, int], int]] = []
+        kept: list[tuple[int, int]] = []
         seen: set[int] = set()
-        heap = self._heap
+        heap, pop, ref, ranks = self._heap, heapq.heappop, self._ref, self._rank
         while heap and len(out) < n:
-            rank, k = heapq.heappop(heap)
-            if self._ref.get(k) != 0 or self._rank.get(k) != rank or k in seen:
+            rank, k = pop(heap)
+            if ref.get(k) != 0 or ranks.get(k) != rank or k in seen:
                 continue                            # stale entry
             seen.add(k)
             if k in protected:
                 kept.append((rank, k))
                 continue
             out.append(k)
-            kept.append((rank, k))
-        for entry in kept:                          # victims' entries go stale once deleted
-            heapq.heappush(heap, entry)
         if len(out) < n:
+            kept.extend((ranks[k], k) for k in out)     # nothing is evicted: all stay
+            out = None
+        for entry in kept:                          # (a victim's entry would go stale: dropped)
+            heapq.heappush(heap, entry)
+        if out is None:
             return None
         if len(heap) > 64 and len(heap) > 4 * len(self._ref):
             self._heap = [(self._rank[k], k) for k, r in self._ref.items() if r == 0]

@@ -71,6 +71,9 @@ class OffloadConnector:
         self._store_failed = False                # the last step offered a store that found no room
         # Counters (stats()).
         self.external_hits: dict[str, tuple[int, int]] = {}    # request -> (local hit, external)
+        # request -> when its load started: vLLM records the request's prefix-cache
+        # stats in that step (Scheduler.schedule, before WAITING_FOR_REMOTE_KVS).
+        self.load_start_s: dict[str, float] = {}
         self.bytes_moved = {"load": 0, "store": 0, "promote": 0}
         self.busy_s = {"load": 0.0, "store": 0.0, "promote": 0.0}
         self.num_jobs = {"load": 0, "store": 0, "promote": 0}
@@ -93,11 +96,12 @@ class OffloadConnector:
         job = self.core.update_state_after_alloc(req, num_external_tokens)
         if job is None:
             return
+        now = self._now()
         if req.num_preemptions == 0:
             # vLLM records connector prefix-cache stats at first admission only.
             self.external_hits[req.request_id] = (self.core.local_hit_tokens(req.request_id),
                                                   num_external_tokens)
-        now = self._now()
+            self.load_start_s[req.request_id] = now
         done = self._submit(job, now)
         self.load_wait_s += done - now
 

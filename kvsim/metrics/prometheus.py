@@ -19,6 +19,16 @@ SchedulerStats and IterationStats):
   ``record_prefix_cache_stats``, preempted re-admissions not counted), its
   prompt and first token when its prefill finished, its latencies when it finished.
 
+With a KV connector (offload tiers: the requests table then has
+``kvsim.metrics.schema.CONNECTOR_REQUEST_COLUMNS``) the prefix-cache counters
+split as vLLM 0.33's do (``Scheduler.schedule``, ``PrefixCacheStats.record``,
+``PrometheusStatLogger.record``): ``vllm:prefix_cache_hits`` counts the GPU
+hit only, ``vllm:external_prefix_cache_queries`` the tokens past it and
+``vllm:external_prefix_cache_hits`` those the connector supplied, all in the
+step that admitted the request, for a loaded one the step that started its
+load. (vLLM exposes the two external counters at 0 without a connector; kvsim
+writes them only with one, so runs without keep their columns.)
+
 Derived from ``Result.requests`` and ``Result.steps``; exact except where the
 tables do not say it (docs/metrics.md): ``generation_tokens`` and the
 inter-token-latency histogram count, per step, its decode tokens (each
@@ -99,6 +109,32 @@ class _RequestEvents:
         self.admitted = np.isfinite(self.scheduled)
         at = np.searchsorted(start, self.scheduled[self.admitted], side="left")
         self.admit_end = end[np.minimum(at, max(len(end) - 1, 0))] if len(end) else self.scheduled[self.admitted]
+        self.connector = "num_external_cached_tokens" in requests
+        if self.connector:
+            self._connector_split(col, start, end)
+
+    def _connector_split(self, col, start: np.ndarray, end: np.ndarray) -> None:
+        """With a KV connector (the requests table's CONNECTOR_REQUEST_COLUMNS): a
+        request's GPU and external hits, and when vLLM counts them.
+
+        vLLM ``Scheduler.schedule`` records both lookups when the request is
+        admitted, before an asynchronous load sends it to WAITING_FOR_REMOTE_KVS,
+        so a loaded request counts in the stats of the step that started its load
+        (``kv_load_start_time_s``), not of the one that schedules it once the KV is
+        there. kvsim records no step that only starts a load (sim/engine.py: it
+        sleeps to the transfer); vLLM's would take next to no time, so the count
+        lands at the load's start then.
+        """
+        self.local, self.external = col("num_local_cached_tokens"), col("num_external_cached_tokens")
+        load = col("kv_load_start_time_s")
+        loaded = np.isfinite(load)
+        self.admitted = np.isfinite(self.scheduled) | loaded
+        when = np.where(loaded, load, self.scheduled)[self.admitted]
+        if not len(end):
+            self.admit_end = when
+            return
+        at = np.minimum(np.searchsorted(start, when, side="left"), len(start) - 1)
+        self.admit_end = np.where(start[at] == when, end[at], when)
 
 
 def _gauges(out: dict, steps: pd.DataFrame, end: np.ndarray, scrapes: np.ndarray) -> None:
@@ -149,7 +185,9 @@ def _counters(out: dict, steps: pd.DataFrame, end: np.ndarray, scrapes: np.ndarr
     generated = decode + _first_tokens_per_step(end, ev)
     first, ok = ev.first[ev.has_first], ev.has_first
     queries = ev.prompt[ev.admitted] if caching else np.zeros(int(ev.admitted.sum()))
-    hits = ev.cached[ev.admitted] if caching else np.zeros(int(ev.admitted.sum()))
+    # With a KV connector vLLM's prefix_cache_hits counts the GPU hit only.
+    hits = (ev.local if ev.connector else ev.cached)[ev.admitted] if caching \
+        else np.zeros(int(ev.admitted.sum()))
     done = ev.finish[ev.completed]
     series = {
         "vllm:num_preemptions_total": (end, steps["num_preempted"].to_numpy()),
@@ -158,8 +196,16 @@ def _counters(out: dict, steps: pd.DataFrame, end: np.ndarray, scrapes: np.ndarr
         "vllm:generation_tokens_total": (end, generated),
         "vllm:prefix_cache_queries_total": (ev.admit_end, queries),
         "vllm:prefix_cache_hits_total": (ev.admit_end, hits),
-        'vllm:request_success_total{finished_reason="length"}': (done, np.ones(len(done))),
     }
+    if ev.connector:
+        # vLLM Scheduler.schedule: connector_prefix_cache_queries = num_tokens - the
+        # GPU hit, connector_prefix_cache_hits = the tokens the connector supplies
+        # (recorded when queries != 0: a zero adds nothing); PrometheusStatLogger.record
+        # adds scheduler_stats.connector_prefix_cache_stats to these two counters.
+        series["vllm:external_prefix_cache_queries_total"] = (
+            ev.admit_end, (ev.prompt - ev.local)[ev.admitted])
+        series["vllm:external_prefix_cache_hits_total"] = (ev.admit_end, ev.external[ev.admitted])
+    series['vllm:request_success_total{finished_reason="length"}'] = (done, np.ones(len(done)))
     for name, (times, weights) in series.items():
         out[name] = np.rint(_cumulative(times, weights, scrapes)).astype(np.int64)
 

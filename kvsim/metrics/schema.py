@@ -20,6 +20,15 @@ REQUEST_COLUMNS = [
     "fail_reason",           # "" when completed
 ]
 
+# With a KV connector (engine.kv_offloading: kvsim/scenario/kv_offload.py), after
+# REQUEST_COLUMNS; absent otherwise. The split of vLLM's PrefillStats
+# (vllm/v1/metrics/stats.py) that its prefix-cache counters need.
+CONNECTOR_REQUEST_COLUMNS = [
+    "num_local_cached_tokens",     # GPU prefix hit at first admission (vLLM num_local_cached_tokens)
+    "num_external_cached_tokens",  # tokens the connector supplied then (num_external_cached_tokens)
+    "kv_load_start_time_s",        # start of the step that started its KV load (NaN if none)
+]
+
 STEP_COLUMNS = [
     "step",                  # 0-based
     "start_time_s",

@@ -6,6 +6,8 @@ experiment, its published numbers and tolerances)::
     static_vs_continuous.py  paged_vs_contiguous.py  chunk_size_itl.py  prefix_caching.py
     kv_pressure.py           sharing.py              quickstart.py      schedulers_azure.py
     hybrid_kv_capacity.py    radix_vs_hash.py         fleet_routing.py   kv_offload.py
+    pd_goodput.py
+    kv_offload_mooncake.py
 
 on the framework of ``framework.py`` (checks, verdict, Markdown, the index),
 and writes ``reports/<name>.md``. ``kvsim calibrate report`` writes
@@ -25,18 +27,20 @@ import importlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from kvsim.reports.framework import Check, Report, ReportContext, render
+from kvsim.reports.framework import DEFAULT_DATA, Check, Report, ReportContext, render
 
 # The known-result reports, in the order of the index (reports/README.md);
 # each name is the module kvsim/reports/<name>.py and the scenario <name>.yaml.
 REPORTS = ("static_vs_continuous", "paged_vs_contiguous", "chunk_size_itl", "prefix_caching",
            "kv_pressure", "sharing", "quickstart", "schedulers_azure", "hybrid_kv_capacity",
-           "radix_vs_hash", "fleet_routing", "kv_offload")   # kv_offload: kvtiers, issue 15
+           "radix_vs_hash", "fleet_routing", "kv_offload",   # kv_offload*: kvtiers, issue 15
+           "kv_offload_mooncake",
+           "pd_goodput")                                      # pd_goodput: fleet, issue 14 (b)
 # Where the reports find their scenarios unless told (--scenarios): the
 # repository's scenarios/ folder, seen from the repository root.
 DEFAULT_SCENARIOS = Path("scenarios")
 
-__all__ = ["REPORTS", "Check", "Report", "ReportContext", "render", "run_reports", "run_report"]
+__all__ = ["DEFAULT_DATA", "REPORTS", "Check", "Report", "ReportContext", "render", "run_reports", "run_report"]
 
 
 def run_report(name: str, ctx: ReportContext) -> Report:
@@ -46,11 +50,14 @@ def run_report(name: str, ctx: ReportContext) -> Report:
 
 def run_reports(names: Sequence[str] | None = None, out: str | Path = "reports", *,
                 fast: bool = False, scenarios: str | Path = DEFAULT_SCENARIOS,
-                log: Callable[[str], None] | None = None) -> list[Report]:
+                log: Callable[[str], None] | None = None,
+                data: str | Path = DEFAULT_DATA) -> list[Report]:
     """Run the named reports (all by default); write OUT/<name>.md and OUT/README.md.
 
     ``scenarios`` is the folder holding ``<name>.yaml`` of each report (the
-    repository's ``scenarios/``); ``fast`` shrinks every workload (the tests).
+    repository's ``scenarios/``); ``fast`` shrinks every workload (the tests);
+    ``data`` is the data root of the reports on real traces (``kv_offload_mooncake``
+    reads ``DATA/traces/mooncake_conversation_trace.jsonl``; default ``../shared/data``).
     """
     from kvsim.reports.framework import run_reports as run_all
     names = list(names or REPORTS)
@@ -63,4 +70,4 @@ def run_reports(names: Sequence[str] | None = None, out: str | Path = "reports",
         raise ValueError(f"--scenarios {scenarios}: no {missing[0]}.yaml there; give the folder of "
                          f"the report scenarios (the repository's scenarios/) with --scenarios DIR")
     return run_all(names, Path(out), run_report, fast=fast, scenarios=scenarios, order=REPORTS,
-                   log=log)
+                   log=log, data=Path(data))

@@ -1,11 +1,11 @@
-"""``kvsim report [NAME ...] [--fast] [--out DIR] [--scenarios DIR]``: the known-result reports."""
+"""``kvsim report [NAME ...] [--fast] [--out DIR] [--scenarios DIR] [--data DIR]``: the known-result reports."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from kvsim.reports import DEFAULT_SCENARIOS, REPORTS
+from kvsim.reports import DEFAULT_DATA, DEFAULT_SCENARIOS, REPORTS
 
 
 def add_parser(subparsers) -> None:
@@ -23,6 +23,9 @@ def add_parser(subparsers) -> None:
     p.add_argument("--scenarios", default=str(DEFAULT_SCENARIOS), metavar="DIR",
                    help="folder of the reports' scenarios, NAME.yaml each (default: scenarios, "
                         "i.e. run from the repository root)")
+    p.add_argument("--data", default=str(DEFAULT_DATA), metavar="DIR",
+                   help="data root of the reports on real traces (DIR/traces/...; default: "
+                        f"{DEFAULT_DATA}, i.e. the project's shared data seen from the repository root)")
     p.set_defaults(func=_command)
 
 
@@ -30,5 +33,5 @@ def _command(args: argparse.Namespace) -> int:
     from kvsim.reports import run_reports
     # The tracked reports/ only on request: a plain run leaves the work tree clean.
     out = args.out or ("reports" if args.update_reports else str(Path("out") / "reports"))
-    run_reports(args.names, out, fast=args.fast, scenarios=args.scenarios, log=print)
+    run_reports(args.names, out, fast=args.fast, scenarios=args.scenarios, log=print, data=args.data)
     return 0   # a report that differs is a finding, not a failure of the command

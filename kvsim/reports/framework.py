@@ -54,13 +54,21 @@ class Report:
         return "agrees" if not failed else "differs: " + "; ".join(failed)
 
 
+# Where reports on real data find it unless told (``kvsim report --data DIR``):
+# the project's shared data folder, seen from the repository root. The library
+# never needs it; a report that does says so in one line when it is missing.
+DEFAULT_DATA = Path("../shared/data")
+
+
 @dataclass(frozen=True)
 class ReportContext:
-    """What a report gets: where to write, how big to run, where the scenarios are."""
+    """What a report gets: where to write, how big to run, where the scenarios are,
+    and the data root (``data``: real traces under ``traces/``) for reports on real data."""
 
     out: Path
     fast: bool
     scenarios: Path
+    data: Path = DEFAULT_DATA
 
     def scenario(self, name: str) -> Path:
         return self.scenarios / f"{name}.yaml"
@@ -125,10 +133,10 @@ def render(report: Report) -> str:
 
 def run_reports(names: Sequence[str], out: Path, run_one: Callable[[str, ReportContext], Report],
                 *, fast: bool, scenarios: Path, order: Sequence[str],
-                log: Callable[[str], None] | None = None) -> list[Report]:
+                log: Callable[[str], None] | None = None, data: Path = DEFAULT_DATA) -> list[Report]:
     """Run each named report with ``run_one(name, ctx)``; write OUT/<name>.md and OUT/README.md."""
     out.mkdir(parents=True, exist_ok=True)
-    ctx = ReportContext(out=out, fast=fast, scenarios=scenarios)
+    ctx = ReportContext(out=out, fast=fast, scenarios=scenarios, data=Path(data))
     done = []
     for name in names:
         t0 = time.perf_counter()

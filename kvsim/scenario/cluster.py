@@ -198,7 +198,8 @@ def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig) -> 
         r.scheduler.transfers.connector for r in run.replicas
         if getattr(r.scheduler, "transfers", None) is not None]
     if connectors:                                # KV offloading (kvtiers): the fleet's counters
-        from kvsim.scenario.kv_offload import offload_summary
+        from kvsim.scenario.kv_offload import offload_summary, with_connector_columns
+        requests = with_connector_columns(requests, connectors)    # metrics.csv's split
         summary["kv_offload"] = offload_summary(connectors, requests)
     steps = pd.concat([s.assign(replica=i.name) for s, i in zip(step_frames, run.infos)],
                       ignore_index=True)

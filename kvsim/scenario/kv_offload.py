@@ -12,11 +12,16 @@ connector (kv/offload_engine.py) for each run. docs/kv_tiers.md section 2.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
 
 from kvsim.kv.offload import OffloadTier, TierSpec
 from kvsim.kv.offload_engine import OffloadConnector
 from kvsim.kv.offload_stack import OffloadTiers
+from kvsim.metrics.schema import CONNECTOR_REQUEST_COLUMNS
 from kvsim.scenario.schema import KVOffloadingSection, ScenarioError
 
 GIB = 1 << 30
@@ -81,8 +86,12 @@ def offload_settings(eng, *, block_size: int, block_bytes_per_rank: int, tp: int
                             "give the CPU tier's size once (GiB or blocks)")
     why = None
     if eng.kv_offloading_backend != "native":
+        # vLLM 0.33 config/vllm.py _post_init_kv_transfer_config: "lmcache" selects the
+        # LMCacheMPConnector, backed by a standalone LMCache server whose own config
+        # (not kv_offloading_size) sizes the store (docs/kv_tiers.md section 2a).
         why = (f"engine.kv_offloading_backend: {eng.kv_offloading_backend!r} is not modelled "
-               f"(LMCache runs its own server process); allowed: native")
+               f"(vLLM then runs LMCacheMPConnector against a standalone LMCache server, sized "
+               f"by its own config, not kv_offloading_size); allowed: native")
     elif scheduler != "chunked":
         why = (f"engine.scheduler: {scheduler!r} with KV offloading; vLLM's OffloadingConnector "
                f"is a V1 connector: use scheduler: chunked")
@@ -130,6 +139,28 @@ def offload_settings(eng, *, block_size: int, block_bytes_per_rank: int, tp: int
                            chunk_bytes=chunk_bytes, tp=tp, cpu=cpu, disk=disk, remote=remote)
 
 
+def with_connector_columns(requests: pd.DataFrame, connectors) -> pd.DataFrame:
+    """``requests`` with the columns of ``CONNECTOR_REQUEST_COLUMNS`` (kvsim/metrics/schema.py):
+    the GPU / connector split of each request's first-admission hit, and when its
+    load started. A request that loaded nothing hit the GPU only
+    (``num_cached_tokens``); one that loaded has the split the connector recorded
+    (a full-prompt hit counts every token there, though its last is recomputed).
+    ``connectors``: one ``OffloadConnector`` or a list (a fleet's replicas)."""
+    if isinstance(connectors, OffloadConnector):
+        connectors = [connectors]
+    hits: dict = {}
+    starts: dict = {}
+    for c in connectors:
+        hits.update(c.external_hits)
+        starts.update(c.load_start_s)
+    ids = requests["request_id"]
+    cached = requests["num_cached_tokens"].to_numpy(dtype=np.int64)
+    local = np.array([hits[r][0] if r in hits else int(n) for r, n in zip(ids, cached)], dtype=np.int64)
+    external = np.array([hits[r][1] if r in hits else 0 for r in ids], dtype=np.int64)
+    start = np.array([starts.get(r, math.nan) for r in ids], dtype=float)
+    return requests.assign(**dict(zip(CONNECTOR_REQUEST_COLUMNS, (local, external, start))))
+
+
 def offload_summary(connectors, requests) -> dict:
     """The run's offload counters (``OffloadConnector.stats()``, summed over a fleet's
     replicas, a shared tier counted once) with the prefix-cache split vLLM's
@@ -159,18 +190,13 @@ def offload_summary(connectors, requests) -> dict:
             for key, value in (("chunks_held", len(t)), ("capacity_chunks", t.capacity_chunks),
                                ("chunks_evicted", t.num_evicted)):
                 out[f"{name}_{key}"] = out.get(f"{name}_{key}", 0) + value
-    hits: dict = {}
-    for c in connectors:
-        hits.update(c.external_hits)
     looked_up = requests["scheduled_time_s"].notna() & (requests["scheduled_time_s"] < float("inf"))
-    gpu = queries = ext = prompt = 0
-    for rid, p, cached in zip(requests["request_id"][looked_up], requests["num_prompt_tokens"][looked_up],
-                              requests["num_cached_tokens"][looked_up]):
-        local, e = hits.get(rid, (int(cached), 0))
-        gpu += local
-        queries += int(p) - local
-        ext += e
-        prompt += int(p)
+    split = requests if "num_external_cached_tokens" in requests else with_connector_columns(
+        requests, connectors)
+    prompt = int(requests["num_prompt_tokens"][looked_up].sum())
+    gpu = int(split["num_local_cached_tokens"][looked_up].sum())
+    ext = int(split["num_external_cached_tokens"][looked_up].sum())
+    queries = prompt - gpu
     out.update({
         "prefix_cache_queries": prompt,
         "prefix_cache_hits": gpu,

@@ -6,7 +6,7 @@ import numpy as np
 
 from kvsim.metrics.streaming import StreamingStats
 from kvsim.metrics.summary import summarize
-from kvsim.scenario.kv_offload import offload_summary
+from kvsim.scenario.kv_offload import offload_summary, with_connector_columns
 from kvsim.scenario.loader import LoadedScenario, load_scenario
 # Result and the tables live in result.py (a fleet builds them too); imported here by name.
 from kvsim.scenario.result import RUN_FILES, Result, itl_seconds, requests_frame, steps_frame
@@ -67,6 +67,9 @@ def simulate(scenario, *, trace=None, overrides=None, fast_path: bool = True,
                       engine.stats())
     result = collect_result(engine, sc)
     if connector is not None:
+        # The GPU / connector split of each hit, for vLLM's prefix-cache counters
+        # (metrics.csv: kvsim/metrics/prometheus.py); only with a connector.
+        result.requests = with_connector_columns(result.requests, connector)
         result.summary["kv_offload"] = offload_summary(connector, result.requests)
     return result
 

@@ -83,6 +83,10 @@ class Scheduler(Protocol):
     """
 
     num_usable_blocks: int
+    # Set by the engine on its fast path: ``schedule()`` may then take a batch
+    # of plain decodes in one KV call (the decode-run machinery for one step);
+    # off, every request goes through the step-by-step rules (the reference).
+    decodes_at_once: bool
 
     def add_request(self, req: Request) -> None: ...
 

@@ -182,6 +182,8 @@ class ChunkedScheduler(ChunkedDecodeRuns, AsyncFinishing, PagedScheduler):
         The budget's two counters are kept in locals for the loop (the same
         arithmetic as ``StepBudget.room`` / ``take``; written back around a
         preemption, which gives a victim's tokens back)."""
+        if self._schedule_decodes_at_once(plan, budget):
+            return budget
         cfg = self.config
         running, allocate, scheduled = self.running, self.kv.allocate_slots, plan.scheduled
         chunk, lookahead, cadence = self.running_chunk, self._lookahead, self.cadence

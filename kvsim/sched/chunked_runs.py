@@ -10,7 +10,8 @@ ahead of time; nothing here allocates or changes state except through
 
 from __future__ import annotations
 
-from kvsim.sched.base import DecodeRun
+from kvsim.sched.base import DecodeRun, StepPlan
+from kvsim.sched.budget import StepBudget
 from kvsim.sched.request import Request
 
 
@@ -29,16 +30,17 @@ class ChunkedDecodeRuns:
         if self._drafts is not None:
             return None          # accepted drafts vary step by step: no run is exact
         batch = self._decoding_batch()
-        if batch is None or len(self.running) > self.new_budget().room:
+        budget = self.new_budget()
+        if batch is None or len(self.running) > budget.room:
             return None
         if self.cadence.blocks_run(self.running):
             return None
         max_steps, context_sum, computed = batch
         self.refresh_threshold()
-        max_steps = min(max_steps, self._steps_waiting_stays_shut(max_steps, computed))
+        max_steps = min(max_steps, self._steps_waiting_stays_shut(max_steps, computed, budget))
         return self._make_run(max_steps, context_sum, computed, _steps_before_a_block_runs_out)
 
-    def _steps_waiting_stays_shut(self, max_steps: int, computed: list[int]) -> int:
+    def _steps_waiting_stays_shut(self, max_steps: int, computed: list[int], budget: StepBudget) -> int:
         """How many of the next decode steps certainly admit nothing (S3, S4).
 
         Nothing is admitted while the queue is empty, ``max_num_active_seqs``
@@ -53,8 +55,7 @@ class ChunkedDecodeRuns:
         served): the run stops before that step.
         """
         cfg = self.config
-        budget = self.new_budget()
-        budget.take(len(self.running))           # one token per decode
+        budget.take(len(self.running))           # one token per decode (``budget``: a fresh step's)
         shut = len(self.running) >= self.max_num_active_reqs or not budget.open
         if self.transfers is not None and not shut and self.transfers.may_change():
             return 0                              # a request whose KV arrived may start
@@ -89,6 +90,34 @@ class ChunkedDecodeRuns:
             return max_steps
         first = self.kv.first_step_caching(self.running, computed, head.block_hashes[j], max_steps)
         return max_steps if first is None else first - 1
+
+    def _schedule_decodes_at_once(self, plan: StepPlan, budget: StepBudget) -> bool:
+        """S2 for a batch of decodes in one KV call, when nothing can differ from
+        ``_schedule_running``'s loop: every running request decodes one token
+        (the batch a decode run needs), the budget covers them, and every block
+        they need is free (no preemption), so the loop would give each one
+        token and call ``allocate_slots(req, 1)`` on each, in order — which is
+        what ``kv.allocate_decode_steps`` does for one step. The engine turns
+        this on with its fast path only (``decodes_at_once``), so the
+        step-by-step path stays the plain reference. Returns whether it did.
+        """
+        if (not self.decodes_at_once or self._drafts is not None or self._lookahead
+                or self.cadence.on or self._finishing or self.transfers is not None
+                or self.kv.aligns_chunks):
+            return False
+        batch = self._decoding_batch()
+        reqs = self.running
+        if batch is None or len(reqs) > budget.room:
+            return False
+        computed = batch[2]
+        kv = self.kv
+        first = kv.decode_run_first_allocations(reqs, computed)
+        if first is None or kv.nth_decode_run_allocation(first, kv.get_num_free_blocks() + 1, 1) is not None:
+            return False
+        kv.allocate_decode_steps(reqs, computed, first, 1, 1)
+        plan.scheduled += [(r, 1, c) for r, c in zip(reqs, computed)]
+        budget.take(len(reqs))
+        return True
 
     def apply_decode_run(self, run: DecodeRun, num_steps: int, token_times: list[float]) -> list[Request]:
         """The run's steps, and their prefill cadence counters (sched/cadence.py)."""

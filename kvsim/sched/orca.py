@@ -51,6 +51,8 @@ def reservation_tokens(policy: str, final_num_tokens: int, max_model_len: int) -
 class OrcaScheduler(QueuedRequests):
     """Iteration-level batching; every request holds a contiguous slab for its whole life."""
 
+    decodes_at_once = False          # the Scheduler protocol; only chunked uses it
+
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.policy = config.orca_reservation

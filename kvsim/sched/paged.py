@@ -21,6 +21,8 @@ from kvsim.sched.request import Request, RequestStatus
 class PagedScheduler(QueuedRequests):
     """Base of the schedulers that use the paged ``KVCacheManager``."""
 
+    decodes_at_once = False          # the Scheduler protocol; only chunked uses it
+
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         self.kv = config.make_kv_manager()

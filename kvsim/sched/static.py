@@ -20,6 +20,8 @@ from kvsim.sched.request import Request, RequestStatus
 class StaticScheduler:
     """One batch at a time; every request holds a max-length slab."""
 
+    decodes_at_once = False          # the Scheduler protocol; only chunked uses it
+
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
         capacity = (config.num_gpu_blocks - 1) * config.block_size

@@ -92,6 +92,7 @@ class Engine(EngineRecords):
         self.check_request = check_request
         self.trace = trace
         self.fast_path = fast_path
+        scheduler.decodes_at_once = fast_path
         # Streaming: hand finished requests and step records to ``sink``
         # (``add_done(list[Request])``, ``add_steps(columns)``) every
         # ``flush_every`` items and forget them, so memory stays bounded.

@@ -47,7 +47,7 @@ class Kvsim:
         t = self.t
         return {"r": result, "chunks": {str(k): t.state(k) for k in sorted(t._ref)},
                 "lru": t.lru_order(),
-                "ranks": {str(k): list(t._rank[k]) for k in sorted(t._rank)}}
+                "ranks": {str(k): list(t.rank(k)) for k in sorted(t._rank)}}
 
 
 def replay(case):
