@@ -54,10 +54,12 @@ def make_replica(env: simpy.Environment, name: str, pool: PoolPlan, *,
                  on_done: Callable[[Request], None], more_input: Callable[[], bool],
                  fast_path: bool = True, trace: Callable[[dict], None] | None = None,
                  progress: Callable[[float, int], None] | None = None, connector=None,
-                 shared_kv: dict | None = None) -> Engine:
+                 shared_kv: dict | None = None, bounded_by_peek: bool = False) -> Engine:
     """A replica of ``pool`` named ``name`` in ``env`` (not started); ``connector``: P/D
     (pd.py); else the pool's own (KV offloading, ``PoolPlan.connector_factory``), given
-    ``shared_kv``, the run's state a pool's KV connectors share."""
+    ``shared_kv``, the run's state a pool's KV connectors share. ``bounded_by_peek``:
+    the replica has its own environment (separate.py), whose next event is its
+    own next arrival, so its decode runs stop there as a single engine's do."""
     if pool.connector_factory is not None:
         if connector is not None:
             raise ValueError("engine.kv_offloading with prefill/decode pools is not modelled "
@@ -65,5 +67,6 @@ def make_replica(env: simpy.Environment, name: str, pool: PoolPlan, *,
         connector = pool.connector_factory(shared_kv if shared_kv is not None else {})
     return make_engine(pool.sched_config, scheduler=pool.scheduler, cost_model=pool.cost_model,
                        env=env, name=name, fast_path=fast_path, on_done=on_done,
-                       more_input=more_input, next_input_time=_no_horizon, trace=trace,
+                       more_input=more_input, trace=trace,
+                       next_input_time=None if bounded_by_peek else _no_horizon,
                        progress=progress, connector=connector)

@@ -30,6 +30,7 @@ from kvsim.fleet.pd import DecodeSide, PrefillSide, Transfer
 from kvsim.fleet.replica import PoolPlan, make_replica
 from kvsim.fleet.config import RoundRobinRouter
 from kvsim.fleet.routers import Router, build_router
+from kvsim.fleet.separate import STATELESS_POLICIES, SeparateRun
 from kvsim.fleet.state import ReplicaInfo, route_request
 from kvsim.sched.request import RequestStatus
 from kvsim.sim.engine import Engine
@@ -83,14 +84,25 @@ class Fleet:
     def __init__(self, pools: Sequence[PoolPlan], cluster: ClusterConfig, *, seed: int,
                  env: simpy.Environment | None = None, fast_path: bool = True,
                  trace: Callable[[dict], None] | None = None,
-                 progress: Callable[[float, int], None] | None = None) -> None:
+                 progress: Callable[[float, int], None] | None = None,
+                 independent: bool = False) -> None:
+        """``independent``: the caller promises that no request waits on another
+        (no session turns, no closed loop). With a router that reads no replica
+        state, no trace, no P/D and no KV offloading, the replicas then never
+        affect one another and run each in its own environment (separate.py,
+        the same results, faster); ``self.separate`` says whether they do."""
         self.env = env if env is not None else simpy.Environment(initial_time=0.0)
+        self.disaggregated = any(p.role != "mixed" for p in pools)
+        self.separate = (independent and env is None and trace is None and not self.disaggregated
+                         and cluster.router.policy in STATELESS_POLICIES
+                         and all(p.connector_factory is None for p in pools))
+        self._separate_run = SeparateRun(self) if self.separate else None
         self.frontend: Frontend | None = None
         self.replicas: list[Engine] = []
         self.infos: list[ReplicaInfo] = []
         self.pools = list(pools)
         self._progress = progress
-        self.disaggregated = any(p.role != "mixed" for p in pools)
+        self._reported_s = 0.0
         link = load_link(cluster.link) if self.disaggregated else None
         ports = LinkPorts()
         self.connectors: list[PrefillSide | DecodeSide | None] = []
@@ -100,14 +112,19 @@ class Fleet:
                 name = f"{pool.name}-{k}"
                 conn = (PrefillSide(name, pool) if pool.role == "prefill" else
                         DecodeSide(name, pool, link, ports) if pool.role == "decode" else None)
+                env_k = simpy.Environment(initial_time=0.0) if self.separate else self.env
                 on_done = (self._on_done if pool.role == "mixed" else
                            partial(self._on_prefill_done, len(self.replicas))
                            if pool.role == "prefill" else partial(self._on_decode_done, len(self.replicas)))
+                if self.separate:
+                    on_done = _nothing_waits
+                more_input = (partial(self._separate_run.more_input, env_k) if self.separate
+                              else self._more_input)
                 engine = make_replica(
-                    self.env, name, pool, on_done=on_done, more_input=self._more_input,
+                    env_k, name, pool, on_done=on_done, more_input=more_input,
                     fast_path=fast_path, trace=_named_trace(trace, name),
                     progress=self._report if progress is not None else None, connector=conn,
-                    shared_kv=shared_kv)
+                    shared_kv=shared_kv, bounded_by_peek=self.separate)
                 if isinstance(conn, PrefillSide):
                     conn.engine = engine
                 self.replicas.append(engine)
@@ -177,9 +194,19 @@ class Fleet:
         # Each replica calls this every 256 of its steps; the count is the fleet's
         # (P/D: a request is done on its decode replica, or failed on its prefill one).
         done = sum(r.num_done for r, i in zip(self.replicas, self.infos) if i.role != "prefill")
+        if self.separate:
+            # Replicas run one after another (separate.py): never report time going back.
+            now_s = self._reported_s = max(self._reported_s, now_s)
         self._progress(now_s, done + len(self.prefill_failed))
 
     def run(self, specs: Iterable[RequestSpec], *, concurrency: int | None = None) -> FleetRun:
+        if self.separate:
+            if concurrency:
+                raise ValueError("a closed loop (concurrency) is not an independent workload")
+            self._separate_run.run(specs)
+            for replica in self.replicas:
+                replica.close()
+            return FleetRun(self.replicas, self.infos, self.pools, self.router, self.num_routed)
         self.frontend = Frontend(self.env, specs, self.submit, concurrency=concurrency)
         self.frontend.start()
         for replica in self.replicas:
@@ -192,3 +219,7 @@ class Fleet:
             return FleetRun(self.replicas, self.infos, self.pools, self.router, self.num_routed)
         return FleetRun(self.replicas, self.infos, self.pools, self.router, self.num_routed,
                         transfers=self.transfers, prefill_failed=self.prefill_failed)
+
+
+def _nothing_waits(_req) -> None:
+    """A separate run's on_done: no request waits on another (separate.py)."""

@@ -133,7 +133,11 @@ def simulate_cluster(scenario, *, overrides=None, fast_path: bool = True, trace=
             progress(now_s, num_done, total)
     if cluster.disaggregated:
         _check_pd(sc, plans)
-    fleet = Fleet(plans, cluster, seed=sc.seed, fast_path=fast_path, trace=trace, progress=hook)
+    # Requests that wait on none (and no closed loop): replicas behind a router that reads
+    # no replica state are simulated one at a time (kvsim/fleet/separate.py, same results).
+    independent = workload.independent and workload.concurrency is None
+    fleet = Fleet(plans, cluster, seed=sc.seed, fast_path=fast_path, trace=trace, progress=hook,
+                  independent=independent)
     run = fleet.run(workload.requests(), concurrency=workload.concurrency)
     return collect_fleet(run, sc, cluster)
 

@@ -36,12 +36,16 @@ class Workload:
     starts over and yields the same requests. ``concurrency`` is set for a
     closed loop: the engine keeps that many requests in flight and releases the
     next one when one finishes, ignoring ``arrival_time_s``. ``num_requests`` is
-    the number ``requests()`` yields.
+    the number ``requests()`` yields. ``independent``: no request waits on
+    another (no ``after_request_id``; a fleet may then simulate replicas behind
+    a router that reads no replica state one at a time, kvsim/fleet/separate.py);
+    False whenever it is not known.
     """
 
     num_requests: int | None
     concurrency: int | None
     _make_requests: Callable[[], Iterator[RequestSpec]] = field(repr=False)
+    independent: bool = False
 
     def requests(self) -> Iterator[RequestSpec]:
         return self._make_requests()
@@ -72,7 +76,8 @@ def build_workload(config: WorkloadConfig | dict, *, rng: np.random.Generator,
     if config.kind == "requests_file":
         path = resolve_path(config.requests_file, base_dir, yaml_path="workload.requests_file")
         specs = read_requests_file(path)
-        return Workload(len(specs), None, lambda: iter(specs))
+        return Workload(len(specs), None, lambda: iter(specs),
+                        independent=all(s.after_request_id is None for s in specs))
 
     if config.kind == "bench":
         bench = config.bench
@@ -96,12 +101,13 @@ def build_workload(config: WorkloadConfig | dict, *, rng: np.random.Generator,
         return Workload(len(table), _cap(concurrency, len(table)), lambda: trace_requests(
             table, arrival=arrival, seed=seed, priority=config.priority,
             cache_salt=config.cache_salt, n=config.n, beam_width=config.beam_width,
-            max_prompt_len=max_prompt_len))
+            max_prompt_len=max_prompt_len), independent=table.after is None)
 
     prompt_len = LengthSampler(config.prompt_len, base_dir=base_dir, yaml_path="workload.prompt_len")
     output_len = LengthSampler(config.output_len, base_dir=base_dir, yaml_path="workload.output_len")
     return Workload(config.num_requests, _cap(concurrency, config.num_requests), lambda: synthetic_requests(
-        config, arrival, seed, prompt_len, output_len, max_prompt_len=max_prompt_len))
+        config, arrival, seed, prompt_len, output_len, max_prompt_len=max_prompt_len),
+        independent=config.sessions.turns == 1)          # turn 2 on waits on turn 1 (synthetic.py)
 
 
 def _cap(concurrency: int | None, num_requests: int) -> int | None:
