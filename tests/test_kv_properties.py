@@ -308,8 +308,11 @@ class KVMachine(RuleBasedStateMachine):
 def test_kv_manager_invariants_hold_under_random_operations():
     for key in KVMachine.totals:
         KVMachine.totals[key] = 0
+    # derandomize: the same 60 examples every run, so the coverage check below
+    # cannot fail by chance (random seeds missed copy-on-write about once in ten).
     run_state_machine_as_test(
-        KVMachine, settings=settings(max_examples=60, stateful_step_count=30, deadline=None))
+        KVMachine, settings=settings(max_examples=60, stateful_step_count=30, deadline=None,
+                                     derandomize=True))
     # The runs must reach prefix hits, copy-on-write and evictions, or they prove little.
     t = KVMachine.totals
     assert t["examples"] >= 60 and t["hit_blocks"] > 0 and t["cow_copies"] > 0 and t["evictions"] > 0, t
