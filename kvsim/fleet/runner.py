@@ -35,6 +35,7 @@ from kvsim.fleet.state import ReplicaInfo, route_request
 from kvsim.sched.request import RequestStatus
 from kvsim.sim.engine import Engine
 from kvsim.sim.frontend import Frontend
+from kvsim.sim.gc_pause import collector_paused
 from kvsim.workload.request import RequestSpec
 
 # The router's random stream is its own: the workload draws from the run's
@@ -203,7 +204,8 @@ class Fleet:
         if self.separate:
             if concurrency:
                 raise ValueError("a closed loop (concurrency) is not an independent workload")
-            self._separate_run.run(specs)
+            with collector_paused():             # kvsim/sim/gc_pause.py
+                self._separate_run.run(specs)
             for replica in self.replicas:
                 replica.close()
             return FleetRun(self.replicas, self.infos, self.pools, self.router, self.num_routed)
@@ -211,7 +213,8 @@ class Fleet:
         self.frontend.start()
         for replica in self.replicas:
             replica.start()
-        self.env.run()
+        with collector_paused():                 # kvsim/sim/gc_pause.py
+            self.env.run()
         for replica in self.replicas:
             replica.close()
         self.frontend.check_all_sent()

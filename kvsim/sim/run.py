@@ -12,6 +12,7 @@ from kvsim.sched.request import Request, final_num_tokens
 from kvsim.sim.admission import QueueLimits
 from kvsim.sim.engine import Engine
 from kvsim.sim.frontend import Frontend
+from kvsim.sim.gc_pause import collector_paused
 from kvsim.workload.request import RequestSpec
 
 SCHEDULERS = ("chunked", "continuous", "static", "simple_chunking", "orca")
@@ -119,7 +120,8 @@ def run_engine(specs: Iterable[RequestSpec], config: SchedulerConfig, *,
                          more_input=frontend.has_more_input, progress=progress, connector=connector)
     frontend.start()
     engine.start()
-    env.run()
+    with collector_paused():
+        env.run()
     engine.close()
     frontend.check_all_sent()
     return engine
