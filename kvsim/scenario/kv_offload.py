@@ -120,21 +120,8 @@ def offload_settings(eng, *, block_size: int, block_bytes_per_rank: int, tp: int
                             f"({chunk_bytes} bytes): raise it")
     cpu = TierSpec("cpu", "cpu", num_chunks * chunk_bytes,
                    section.bandwidth_gbps or pcie_bandwidth_gbps, section.latency_us)
-    disk = None
-    if section.disk is not None:
-        d = section.disk
-        if int(d.capacity_gib * GIB) < chunk_bytes:
-            raise ScenarioError(f"engine.kv_offloading.disk.capacity_gib: got {d.capacity_gib!r}; "
-                                f"it holds no chunk of {chunk_bytes} bytes: raise it")
-        disk = TierSpec("disk", "disk", int(d.capacity_gib * GIB), d.bandwidth_gbps, d.latency_us)
-    remote = None
-    if section.remote is not None:
-        r = section.remote
-        if int(r.capacity_gib * GIB) < chunk_bytes:
-            raise ScenarioError(f"engine.kv_offloading.remote.capacity_gib: got {r.capacity_gib!r}; "
-                                f"it holds no chunk of {chunk_bytes} bytes: raise it")
-        remote = TierSpec("remote", "remote", int(r.capacity_gib * GIB), r.bandwidth_gbps,
-                          r.latency_us, shared=True)
+    disk = _tier_behind_cpu("disk", section.disk, chunk_bytes)
+    remote = _tier_behind_cpu("remote", section.remote, chunk_bytes, shared=True)
     return OffloadSettings(block_size=block_size, blocks_per_chunk=section.blocks_per_chunk,
                            chunk_bytes=chunk_bytes, tp=tp, cpu=cpu, disk=disk, remote=remote)
 
@@ -208,3 +195,14 @@ def offload_summary(connectors, requests) -> dict:
     })
     del out["num_promoted_chunks"]
     return out
+
+
+def _tier_behind_cpu(name: str, tier, chunk_bytes: int, shared: bool = False) -> TierSpec | None:
+    """The ``disk`` or ``remote`` tier of ``engine.kv_offloading`` (None if absent); it must hold a chunk."""
+    if tier is None:
+        return None
+    if int(tier.capacity_gib * GIB) < chunk_bytes:
+        raise ScenarioError(f"engine.kv_offloading.{name}.capacity_gib: got {tier.capacity_gib!r}; "
+                            f"it holds no chunk of {chunk_bytes} bytes: raise it")
+    return TierSpec(name, name, int(tier.capacity_gib * GIB), tier.bandwidth_gbps, tier.latency_us,
+                    shared=shared)
