@@ -216,23 +216,45 @@ class StepCostModel:
         # max(kernels, launch) + cpu.
         floor, extra = (launch + cpu, 0.0) if overlap_cpu else (launch, cpu)
         times, durations = [start], []
-        t, context = start, context_token_sum
+        t = start
+        if window:
+            context = context_token_sum
+            for _ in range(max_steps):
+                if t >= until:
+                    break
+                # _decode_attention_time_scalar(num_seqs, float(context)), inlined.
+                keys = decode_keys(n, float(context) + n)
+                per_layer = max(spf * (keys * fpp), spb * ((keys + n) * kvb + q_bytes), floor_s) \
+                    + const_s + per_seq
+                # _combine(kernels, launch, cpu, overlap_cpu), inlined (the same operations).
+                d = (linear + num_layers * per_layer + allreduce) * scale
+                d = (d if d >= floor else floor) + extra
+                t += d
+                times.append(t)
+                durations.append(d)
+                context += num_seqs
+            return times, durations
+        # The same operations without a window, with two exact rewrites: the
+        # keys are whole numbers below 2**53, so adding n to the last step's
+        # keys gives float(context) + n bit for bit; and max(a, b, floor_s) is
+        # spelled as the two comparisons it makes (it keeps the first largest).
+        keys = float(context_token_sum) + n
+        add_time, add_duration = times.append, durations.append
         for _ in range(max_steps):
             if t >= until:
                 break
-            # _decode_attention_time_scalar(num_seqs, float(context)), inlined.
-            keys = float(context) + n
-            if window:
-                keys = decode_keys(n, keys)
-            per_layer = max(spf * (keys * fpp), spb * ((keys + n) * kvb + q_bytes), floor_s) \
-                + const_s + per_seq
-            # _combine(kernels, launch, cpu, overlap_cpu), inlined (the same operations).
-            d = (linear + num_layers * per_layer + allreduce) * scale
+            per_layer = spf * (keys * fpp)
+            other = spb * ((keys + n) * kvb + q_bytes)
+            if other > per_layer:
+                per_layer = other
+            if floor_s > per_layer:
+                per_layer = floor_s
+            d = (linear + num_layers * (per_layer + const_s + per_seq) + allreduce) * scale
             d = (d if d >= floor else floor) + extra
             t += d
-            times.append(t)
-            durations.append(d)
-            context += num_seqs
+            add_time(t)
+            add_duration(d)
+            keys += n
         return times, durations
 
     def breakdown(self, batch: BatchShape) -> dict[str, float]:

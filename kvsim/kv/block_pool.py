@@ -45,6 +45,7 @@ Block 0 is the null block: never queued, never freed, never cached
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from operator import itemgetter
 
 NULL_BLOCK_ID = 0
 
@@ -168,14 +169,20 @@ class BlockPool:
             self._head = head + num_blocks
         self._num_free -= num_blocks
         ref, block_hash, cached = self.ref_cnt, self.block_hash, self._cached
-        evicted = [h for h in map(block_hash.__getitem__, out) if h is not None]
+        if num_blocks > 1:
+            evicted = itemgetter(*out)(block_hash)    # the blocks' hashes, read in C
+            if None in evicted:
+                evicted = [h for h in evicted if h is not None]
+        else:
+            evicted = [h for h in map(block_hash.__getitem__, out) if h is not None]
         if evicted and self._num_multi:
             # Some hash is held by several blocks: evict block by block.
             for b in out:
                 if block_hash[b] is not None:
                     self._evict(b)
         elif evicted:
-            list(map(cached.__delitem__, evicted))     # eviction: the blocks leave the map
+            for h in evicted:                         # eviction: the blocks leave the map
+                del cached[h]
         for b in out:
             ref[b] = 1
             block_hash[b] = None
