@@ -182,14 +182,13 @@ class ChunkedScheduler(ChunkedDecodeRuns, AsyncFinishing, PagedScheduler):
         The budget's two counters are kept in locals for the loop (the same
         arithmetic as ``StepBudget.room`` / ``take``; written back around a
         preemption, which gives a victim's tokens back)."""
-        if self._schedule_decodes_at_once(plan, budget):
-            return budget
+        i = self._schedule_decodes_at_once(plan, budget)   # the leading decodes, on the fast path
         cfg = self.config
         running, allocate, scheduled = self.running, self.kv.allocate_slots, plan.scheduled
+        if i == len(running):
+            return budget
         chunk, lookahead, cadence = self.running_chunk, self._lookahead, self.cadence
         tokens, inputs, slots = budget.tokens, budget.inputs, budget.draft_slots
-        scheduled_now: dict[str, int] = {}
-        i = 0
         while i < len(running) and tokens > 0 and inputs > slots:
             req = running[i]
             computed = req.num_computed_tokens
@@ -200,6 +199,9 @@ class ChunkedScheduler(ChunkedDecodeRuns, AsyncFinishing, PagedScheduler):
                 continue
             if allocate(req, n, num_lookahead_tokens=lookahead) is None:
                 budget.tokens, budget.inputs = tokens, inputs
+                # What this loop scheduled so far (the plan is this step's, so
+                # its entries are), for the victims' rollback.
+                scheduled_now = {r.request_id: k for r, k, _ in plan.scheduled}
                 i, budget = self._preempt_for(req, n, i, budget, plan, scheduled_now)
                 tokens, inputs = budget.tokens, budget.inputs
                 scheduled = plan.scheduled
@@ -210,7 +212,6 @@ class ChunkedScheduler(ChunkedDecodeRuns, AsyncFinishing, PagedScheduler):
                         continue
                     break
             scheduled.append((req, n, computed))
-            scheduled_now[req.request_id] = n
             if cadence.on and req in cadence.chunks:
                 cadence.carried = True              # prefill_schedule_interval: a prefill chunk ran
             tokens -= n
@@ -235,7 +236,11 @@ class ChunkedScheduler(ChunkedDecodeRuns, AsyncFinishing, PagedScheduler):
             n += self._drafts.num_drafts(req)       # num_tokens_with_spec - computed
         if 0 < self._threshold < n:
             n = self._threshold
-        n = min(n, budget, self.config.max_model_len - computed - 1)
+        if n > budget:
+            n = budget
+        cap = self.config.max_model_len - computed - 1   # (min(n, budget, cap), as comparisons)
+        if n > cap:
+            n = cap
         if n > 0 and self.kv.aligns_chunks:
             n = self.kv.align_chunk(req, n)         # vLLM _mamba_block_aligned_split (hybrid Mamba)
         return n

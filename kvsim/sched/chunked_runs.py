@@ -91,33 +91,35 @@ class ChunkedDecodeRuns:
         first = self.kv.first_step_caching(self.running, computed, head.block_hashes[j], max_steps)
         return max_steps if first is None else first - 1
 
-    def _schedule_decodes_at_once(self, plan: StepPlan, budget: StepBudget) -> bool:
-        """S2 for a batch of decodes in one KV call, when nothing can differ from
-        ``_schedule_running``'s loop: every running request decodes one token
-        (the batch a decode run needs), the budget covers them, and every block
-        they need is free (no preemption), so the loop would give each one
-        token and call ``allocate_slots(req, 1)`` on each, in order — which is
-        what ``kv.allocate_decode_steps`` does for one step. The engine turns
-        this on with its fast path only (``decodes_at_once``), so the
-        step-by-step path stays the plain reference. Returns whether it did.
+    def _schedule_decodes_at_once(self, plan: StepPlan, budget: StepBudget) -> int:
+        """S2 for the leading plain decodes of the running batch in one KV call,
+        when nothing can differ from ``_schedule_running``'s loop over them:
+        each decodes one token (``_leading_decodes``), the budget covers them,
+        and every block they need is free (no preemption), so the loop would
+        give each one token and call ``allocate_slots(req, 1)`` on each, in
+        order -- which is what ``kv.allocate_decode_steps`` does for one step.
+        The loop goes on from the first request after them (a prefill chunk,
+        usually the newest). The engine turns this on with its fast path
+        only (``decodes_at_once``), so the step-by-step path stays the plain
+        reference. Returns how many requests it scheduled (0: none).
         """
         if (not self.decodes_at_once or self._drafts is not None or self._lookahead
                 or self.cadence.on or self._finishing or self.transfers is not None
                 or self.kv.aligns_chunks):
-            return False
-        batch = self._decoding_batch()
-        reqs = self.running
-        if batch is None or len(reqs) > budget.room:
-            return False
-        computed = batch[2]
+            return 0
+        computed = self._leading_decodes()
+        k = len(computed)
+        if not k or k > budget.room:
+            return 0
+        reqs = self.running if k == len(self.running) else self.running[:k]
         kv = self.kv
         first = kv.decode_run_first_allocations(reqs, computed)
         if first is None or kv.nth_decode_run_allocation(first, kv.get_num_free_blocks() + 1, 1) is not None:
-            return False
+            return 0
         kv.allocate_decode_steps(reqs, computed, first, 1, 1)
         plan.scheduled += [(r, 1, c) for r, c in zip(reqs, computed)]
-        budget.take(len(reqs))
-        return True
+        budget.take(k)
+        return k
 
     def apply_decode_run(self, run: DecodeRun, num_steps: int, token_times: list[float]) -> list[Request]:
         """The run's steps, and their prefill cadence counters (sched/cadence.py)."""

@@ -80,6 +80,9 @@ class PagedScheduler(QueuedRequests):
         """
         if not self.running:
             return None
+        last = self.running[-1]                   # the newest: the one most likely still prefilling
+        if last.num_output_tokens == 0 or last.prompt_len + last.num_output_tokens - last.num_computed_tokens != 1:
+            return None
         min_remaining = 1 << 62
         computed = []
         for r in self.running:
@@ -92,6 +95,19 @@ class PagedScheduler(QueuedRequests):
                 min_remaining = rem
             computed.append(c)
         return min_remaining, sum(computed), computed
+
+    def _leading_decodes(self) -> list[int]:
+        """The computed tokens of the running requests, from the first on, that
+        each decode exactly one token (as ``_decoding_batch`` asks of all),
+        up to the first that does not (a prefill chunk pending)."""
+        computed = []
+        for r in self.running:
+            c = r.num_computed_tokens
+            out = r.num_output_tokens
+            if out == 0 or r.prompt_len + out - c != 1:
+                break
+            computed.append(c)
+        return computed
 
     def _make_run(self, max_steps: int, context_sum: int, computed: list[int],
                   steps_that_fit) -> DecodeRun | None:
