@@ -158,12 +158,20 @@ def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig) -> 
         step_frames.append(steps)
         itls.append(itl)
 
+    # The fleet's step table and gaps, every replica in order (read by the
+    # summary of a group of every replica, and returned).
+    steps = pd.concat([s.assign(replica=i.name) for s, i in zip(step_frames, run.infos)],
+                      ignore_index=True)
+    itl = np.concatenate(itls) if itls else np.zeros(0)
+    everyone = list(range(len(run.replicas)))
+
     def group(indices: list[int], requests: pd.DataFrame) -> dict:
+        whole = indices == everyone
         return group_summary(requests, [step_frames[k] for k in indices], [itls[k] for k in indices],
                              num_gpu_blocks=sum(run.infos[k].num_usable_blocks + 1 for k in indices),
-                             routed=[run.num_routed[k] for k in indices], slo=slo)
+                             routed=[run.num_routed[k] for k in indices], slo=slo,
+                             steps=steps if whole else None, itl=itl if whole else None)
 
-    everyone = list(range(len(run.replicas)))
     if run.transfers is not None:
         # P/D: the client's requests are the decode replicas' (every token the
         # client sees is D's: kvsim/fleet/pd.py), and those that failed on P.
@@ -201,9 +209,6 @@ def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig) -> 
         from kvsim.scenario.kv_offload import offload_summary, with_connector_columns
         requests = with_connector_columns(requests, connectors)    # metrics.csv's split
         summary["kv_offload"] = offload_summary(connectors, requests)
-    steps = pd.concat([s.assign(replica=i.name) for s, i in zip(step_frames, run.infos)],
-                      ignore_index=True)
-    itl = np.concatenate(itls) if itls else np.zeros(0)
     return FleetResult(summary, requests, steps, itl, sc, fleet_stats(run), per_replica=per_replica,
                        per_pool=per_pool, run=run)
 
