@@ -289,3 +289,13 @@ def test_bad_lmcache_input_is_one_line_naming_the_key(engine, message):
         load_scenario(base(**engine))
     assert str(exc.value).startswith(message), str(exc.value)
     assert "\n" not in str(exc.value)
+
+
+def test_a_fleet_runs_one_lmcache_server_per_replica():
+    data = {**base(lmcache={"chunk_size": 64, "l1_size_gb": 0.25}),
+            "cluster": {"replicas": 2, "router": "round_robin"}}
+    fast, slow = kvsim.simulate(data), kvsim.simulate(data, fast_path=False)
+    assert fast.requests.equals(slow.requests) and fast.summary == slow.summary
+    servers = [e.scheduler.transfers.connector.server for e in fast.run.replicas]
+    assert servers[0] is not servers[1]
+    assert fast.summary["kv_offload"]["cpu_capacity_chunks"] == 2 * 32

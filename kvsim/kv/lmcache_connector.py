@@ -68,7 +68,9 @@ from dataclasses import dataclass, field
 from kvsim.kv.lmcache_server import LMCacheServer
 from kvsim.kv.offload import chunk_keys
 from kvsim.kv.offload_engine import book_link
-from kvsim.sched.request import RequestStatus
+
+# sched/request.py RequestStatus.PREEMPTED's value (kv/ does not import sched/).
+PREEMPTED = "preempted"
 
 
 class TrackerState(enum.Enum):
@@ -144,7 +146,7 @@ class LMCacheMPConnector:
     def get_num_new_matched_tokens(self, req, num_computed_tokens: int) -> tuple[int | None, bool]:
         rid = req.request_id
         tracker = self._trackers.get(rid)
-        if req.status is RequestStatus.PREEMPTED:
+        if req.status.value == PREEMPTED:
             # mp _get_or_create_request_tracker: a fresh tracker after a preemption;
             # mp get_num_new_matched_tokens: no hit for a preempted request.
             if tracker is None or tracker.state is not TrackerState.PREFETCHING:

@@ -171,7 +171,8 @@ def lmcache_settings(eng, *, block_size: int, block_bytes_per_rank: int, tp: int
 
 
 def offload_settings(eng, *, block_size: int, block_bytes_per_rank: int, tp: int, pcie_bandwidth_gbps: float,
-                     scheduler: str, prefix_cache: str, hybrid: bool) -> OffloadSettings | LMCacheSettings | None:
+                     scheduler: str, prefix_cache: str,
+                     hybrid: bool) -> OffloadSettings | LMCacheSettings | None:
     """The tiers ``engine`` asks for, or None; ScenarioError (one line) for what cannot run."""
     if eng.kv_offloading_backend == "lmcache":
         return lmcache_settings(eng, block_size=block_size, block_bytes_per_rank=block_bytes_per_rank,
