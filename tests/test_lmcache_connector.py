@@ -171,6 +171,32 @@ def test_a_full_store_drops_chunks_and_the_eviction_loop_frees_the_least_recent(
     assert set(c.server.l1.lru_order()) == set(A_KEYS) | {C_KEYS[0]}   # C1 and A3's old copy gone
 
 
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_a_chunk_evicted_from_l1_comes_back_from_the_l2_disk_before_the_reply(fast_path):
+    l1 = OffloadTier(TierSpec("cpu", "cpu", 4 * CHUNK, 1.0), CHUNK)
+    l2 = OffloadTier(TierSpec("disk", "disk", 1 << 60, 0.5), CHUNK)      # 0.5 s a chunk
+    c = LMCacheMPConnector(LMCacheServer(l1, l2=l2), block_size=4, chunk_size=8)
+    specs = [spec("A", A, max_tokens=1), spec("C", C, max_tokens=1, arrival=2.0),
+             spec("B", A + [7, 7, 7, 7], max_tokens=1, arrival=6.0)]
+    trace, done = run(specs, c, fast_path)
+    # A's 4 chunks: L1 1.0-2.0, then copied to L2 2.0-4.0. Tick 2.0: 4/4 -> A3
+    # evicted. C's store (3.0) fits one chunk (C0, 3.0-3.25; L2 4.0-4.5), drops 3.
+    # Tick 4.0: 4/4 -> A2 evicted. B at 6.0: A0, A1 in L1, A2 in L2 (read into an
+    # L1 buffer 6.0-6.5: the reply waits for it), A3 in L2 but no L1 buffer is
+    # left: the hit is 3 chunks. At 6.5: 8 tokens on the GPU, 16 retrieved
+    # 6.5-7.0; B computes 12. (3.25: the engine's empty step after C's finish.)
+    assert steps(trace) == [(0.0, {"A": 32}), (2.0, {"C": 32}), (3.25, {}), (7.0, {"B": 12})]
+    assert c.external_hits == {"B": (8, 16)} and done["B"].first_token_time == 8.0
+    s = c.stats()
+    assert (s["lmcache_l2_store_bytes"], s["lmcache_l2_prefetch_bytes"]) == (5 * CHUNK, CHUNK)
+    assert (s["lmcache_l2_prefetch_time_s"], s["disk_chunks_held"]) == (0.5, 5)
+    # Tick 7.0 (4/4: A2's buffer counts) evicts C0, the least recent unlocked;
+    # A2's buffer is temporary, deleted once retrieved; B re-stores A3 at 8.0.
+    assert (s["kv_offload_allocation_failure"], s["num_eviction_rounds"], s["cpu_chunks_evicted"]) == (
+        3, 3, 3)
+    assert c.server.l1.lru_order() == [A_KEYS[1], A_KEYS[0], A_KEYS[3]]
+
+
 def test_the_server_store_drops_what_does_not_fit_and_evicts_lru_above_the_watermark():
     tier = OffloadTier(TierSpec("cpu", "cpu", 10 * CHUNK, 1.0), CHUNK)
     server = LMCacheServer(tier)
@@ -180,8 +206,8 @@ def test_the_server_store_drops_what_does_not_fit_and_evicts_lru_above_the_water
     # Created head most recent: 10 is the least recently used.
     server.advance(0.5)
     assert tier.lru_order() == list(range(10, 0, -1))
-    hit = server.lookup([3, 4, 99, 5])                 # leading written chunks, locked and touched
-    assert hit == [3, 4]
+    hit, ready = server.lookup([3, 4, 99, 5])          # leading written chunks, locked and touched
+    assert (hit, ready) == ([3, 4], 0.5)               # no L2: the reply needs no read
     # Tick 1.0: 10/10 >= 0.8 -> 2 evicted (10, 9); tick 2.0: 8/10 -> 1 (8); tick 3.0: 7/10 stops.
     server.advance(3.5)
     assert (server.num_eviction_rounds, tier.num_evicted) == (2, 3)
@@ -240,12 +266,17 @@ def test_the_store_is_sized_by_the_lmcache_config_not_kv_offloading_size():
     # TP 2: each rank's share, 4 KiB-aligned, times 2.
     sc = load_scenario({**base(), "hardware": {"gpu": "h100-sxm", "tp": 2}})
     assert sc.kv_offload.chunk_bytes == 32 << 20 and sc.kv_offload.tp == 2
+    sc = load_scenario(base(lmcache={"l2_adapter": {"type": "fs", "capacity_gib": 1.0,
+                                                    "bandwidth_gbps": 6.0}}))
+    assert (sc.kv_offload.l2.capacity_bytes, sc.kv_offload.l2.bandwidth_gbps) == (1 << 30, 6.0)
+    assert "L2 disk 32 chunks at 6 GB/s" in sc.notes[-1]
     # vLLM: no kv_offloading_size, no connector.
     assert load_scenario(base(kv_offloading_size=None)).kv_offload is None
 
 
-def test_a_scenario_run_hits_lmcache_and_the_fast_path_is_the_step_path():
-    data = base(lmcache={"chunk_size": 64, "l1_size_gb": 0.25})
+@pytest.mark.parametrize("l2", [None, {"bandwidth_gbps": 3.0, "latency_us": 100.0}])
+def test_a_scenario_run_hits_lmcache_and_the_fast_path_is_the_step_path(l2):
+    data = base(lmcache={"chunk_size": 64, "l1_size_gb": 0.25, "l2_adapter": l2})
     fast, slow = kvsim.simulate(data), kvsim.simulate(data, fast_path=False)
     assert fast.requests.equals(slow.requests) and fast.steps.equals(slow.steps)
     assert fast.summary == slow.summary
@@ -253,6 +284,8 @@ def test_a_scenario_run_hits_lmcache_and_the_fast_path_is_the_step_path():
     assert k["external_prefix_cache_hits"] > 0 and k["num_load_jobs"] > 0
     assert k["num_lookups"] > 0 and k["num_lookup_skips"] >= k["num_lookups"]
     assert k["cpu_chunks_held"] <= k["cpu_capacity_chunks"] == 32
+    if l2 is not None:
+        assert k["lmcache_l2_prefetch_bytes"] > 0 and k["disk_chunks_held"] > k["cpu_chunks_held"]
     hits = fast.requests["num_external_cached_tokens"]
     local = fast.requests["num_local_cached_tokens"]
     assert ((hits + local)[hits > 0] % 64 == 0).all()          # the LMCache hit: whole chunks
@@ -275,6 +308,11 @@ def test_the_example_scenario_runs():
     ({"lmcache": {"eviction_ratio": 1.5}}, "engine.lmcache.eviction_ratio: got 1.5"),
     ({"lmcache": {"eviction_policy": "ARC"}}, "engine.lmcache.eviction_policy: got 'ARC'"),
     ({"lmcache": {"max_local_disk_size": 5}}, "engine.lmcache.max_local_disk_size"),
+    ({"lmcache": {"l2_adapter": {"capacity_gib": 1}}}, "engine.lmcache.l2_adapter.bandwidth_gbps: "
+                                                       "got a mapping; Field required"),
+    ({"lmcache": {"l2_adapter": {"capacity_gib": 0.01, "bandwidth_gbps": 1}}},
+     "engine.lmcache.l2_adapter.capacity_gib: got 0.01; it holds no chunk"),
+    ({"lmcache": {"l2_adapter": {"type": "s3", "bandwidth_gbps": 1}}}, "engine.lmcache.l2_adapter.type"),
     ({"kv_offloading_backend": "native", "lmcache": {}}, "engine.lmcache: set with "
                                                          "kv_offloading_backend 'native'"),
     ({"kv_offloading": {"blocks_per_chunk": 2}}, "engine.kv_offloading: the native connector's details"),

@@ -14,8 +14,9 @@ talks to that server (kv/lmcache_server.py). What this class reproduces:
   returns ``(None, True)`` while ``check_lookup_result`` has no reply: the
   scheduler skips the request that pass. kvsim's server answers by the next
   scheduler pass (the lookup runs on the server's CPU pool; kvsim charges it
-  no time beyond the pass), from its store as it is at submission; the chunks
-  found stay locked until loaded or freed.
+  no time beyond the pass), from its store as it is at submission, or, when
+  chunks come from its L2 (disk), once they are read into L1
+  (kv/lmcache_server.py); the chunks found stay locked until loaded or freed.
 * **Hits are whole chunks**: the reply is chunks x ``chunk_size`` (mp
   ``assert ret % (num_blocks_per_chunk * block_size) == 0``), the tokens past
   the GPU hit are loaded (``need_to_load = max(0, ret - num_computed_tokens)``)
@@ -117,7 +118,8 @@ class LMCacheMPConnector:
         self.ranks = link_parallelism
         self.env = self.kv = None
         self._trackers: dict[str, Tracker] = {}
-        self._lookups: dict[str, tuple[int, list[int]]] = {}   # request -> (pass submitted, hit keys)
+        # request -> (pass submitted, hit keys, when the reply is ready)
+        self._lookups: dict[str, tuple[int, list[int], float]] = {}
         self._pass = 0                                   # scheduler passes so far
         self._polls = 0                                  # finished_transfers calls so far
         self._free_at: dict[str, float] = {}             # link -> when its queue drains
@@ -163,12 +165,12 @@ class LMCacheMPConnector:
                 return 0, False
             self._advance_to(self._now())
             keys = chunk_keys(req.block_hashes, self.blocks_per_chunk)[:num_chunks]
-            tracker.locked = self.server.lookup(keys)
-            self._lookups[rid] = (self._pass, tracker.locked)
+            tracker.locked, ready = self.server.lookup(keys)
+            self._lookups[rid] = (self._pass, tracker.locked, ready)
             self.num_lookups += 1
             self.lookup_hit_tokens += len(tracker.locked) * self.chunk_size
-        submitted, hit = self._lookups[rid]
-        if submitted == self._pass:
+        submitted, hit, ready = self._lookups[rid]
+        if submitted == self._pass or self._now() < ready:
             self.num_lookup_skips += 1
             return None, True                         # ad check_lookup_result: no reply yet
         ret = len(hit) * self.chunk_size
@@ -257,12 +259,17 @@ class LMCacheMPConnector:
         its reply (the next pass), a store is unsubmitted or a held request's
         blocks can be released; else the next transfer's end."""
         now = self._now()
-        # A lookup submitted in the last pass is answered in the next one.
-        if self._unsubmitted or self._recving or any(p >= self._pass - 1 for p, _ in self._lookups.values()):
+        if self._unsubmitted or self._recving:
             return now
         if any(not self._stores_in_flight.get(rid) for rid in self._held):
             return now
-        return self._done[0][0] if self._done else math.inf
+        wake = self._done[0][0] if self._done else math.inf
+        for p, _, ready in self._lookups.values():
+            if ready > now:
+                wake = min(wake, ready)               # a reply waiting for an L2 read
+            elif p >= self._pass - 1:
+                return now                            # submitted in the last pass: the next answers
+        return wake
 
     # ------------------------------------------------------------ private
 
@@ -379,6 +386,13 @@ class LMCacheMPConnector:
             "num_eviction_rounds": self.server.num_eviction_rounds,
             "held_after_finish_s": self.held_s,
         }
+        if self.server.l2 is not None:
+            srv = self.server
+            out.update({"lmcache_l2_store_bytes": srv.l2_bytes["store"],
+                        "lmcache_l2_prefetch_bytes": srv.l2_bytes["prefetch"],
+                        "lmcache_l2_store_time_s": srv.l2_busy_s["store"],
+                        "lmcache_l2_prefetch_time_s": srv.l2_busy_s["prefetch"],
+                        "lmcache_l2_store_failures": srv.num_l2_store_failures})
         for t in (self.tiers.tiers if tiers else ()):
             out[f"{t.name}_chunks_held"] = len(t)
             out[f"{t.name}_capacity_chunks"] = t.capacity_chunks

@@ -33,11 +33,24 @@ kvsim reproduces of it:
   the KV cache chunks"); a lock ends when the retrieve that reads the chunk
   is done, or when the connector frees it (``free_lookup_locks``). A hit is a
   read: the chunks are touched (most recent, head first, ``on_keys_touched``).
+* **An L2 adapter** (optional; kvsim: the ``fs`` adapter on a local disk,
+  ``--l2-adapter '{"type": "fs", ...}'``): the store controller copies every
+  chunk written to L1 to it once the L1 write is done (``--l2-store-policy
+  default``: "store all keys to all adapters, keep L1"), over the disk link.
+  A lookup (``PrefetchController``: "Plan the needed cells, L1 first, then L2,
+  lowest index first") takes the leading chunks held in L1 or, failing that,
+  in L2; the L2 ones are read into L1 buffers first (``_transition_to_load_phase``:
+  an L1 reservation that fails ends the prefix there), and the reply waits
+  for that read. The buffers are temporary (``DefaultPrefetchPolicy.plan_l1_retention``:
+  "every loaded key is temporary"): deleted once read. LMCache's ``fs``
+  adapter has no capacity; kvsim's ``capacity_gib`` (optional) evicts LRU to
+  make room.
 
-Not modelled (docs/kv_tiers.md, "LMCache in a run"): L2 adapters (disk,
-remote; ``--l2-*``), ARC / IsolatedLRU, lock TTLs (300 s), lazy allocation,
-CacheBlend, P2P. The transfers' timing is the connector's
-(kv/lmcache_connector.py); this class keeps *what* is stored, in time order.
+Not modelled (docs/kv_tiers.md, "LMCache in a run"): other L2 adapters,
+several of them, ARC / IsolatedLRU, lock TTLs (300 s), lazy allocation,
+CacheBlend, P2P. The GPU<->L1 transfers' timing is the connector's
+(kv/lmcache_connector.py); this class keeps *what* is stored, in time order,
+and the disk link's queue.
 """
 
 from __future__ import annotations
@@ -46,7 +59,8 @@ import heapq
 import math
 from collections.abc import Sequence
 
-from kvsim.kv.offload import OffloadTier
+from kvsim.kv.offload import HIT, OffloadTier
+from kvsim.kv.offload_engine import book_link
 from kvsim.kv.offload_stack import OffloadTiers
 
 EVICTION_INTERVAL_S = 1.0      # L1EvictionController.eviction_loop: time.sleep(1)
@@ -55,7 +69,7 @@ EVICTION_INTERVAL_S = 1.0      # L1EvictionController.eviction_loop: time.sleep(
 class LMCacheServer:
     """LMCache's L1 store with its eviction loop, advanced in simulated time (module doc)."""
 
-    def __init__(self, l1: OffloadTier, *, trigger_watermark: float = 0.8,
+    def __init__(self, l1: OffloadTier, *, l2: OffloadTier | None = None, trigger_watermark: float = 0.8,
                  eviction_ratio: float = 0.2, eviction_interval_s: float = EVICTION_INTERVAL_S) -> None:
         if not 0 < trigger_watermark <= 1:
             raise ValueError(f"trigger_watermark must be in (0, 1], got {trigger_watermark!r}")
@@ -63,17 +77,22 @@ class LMCacheServer:
             raise ValueError(f"eviction_ratio must be in (0, 1], got {eviction_ratio!r}")
         if eviction_interval_s <= 0:
             raise ValueError(f"eviction_interval_s must be > 0, got {eviction_interval_s!r}")
-        self.l1 = l1
-        self.tiers = OffloadTiers([l1], semantics="lmcache")
+        self.l1, self.l2 = l1, l2
+        self.tiers = OffloadTiers([l1] + ([l2] if l2 is not None else []), semantics="lmcache")
         self.trigger_watermark = trigger_watermark
         self.eviction_ratio = eviction_ratio
         self.interval_s = eviction_interval_s
         self._tick = 1                              # the next loop tick is at _tick * interval
-        self._writes: list[tuple[float, int, tuple[int, ...]]] = []   # (done, seq, keys) heap
+        self._events: list[tuple[float, int, str, tuple[int, ...]]] = []   # (done, seq, kind, keys)
         self._seq = 0
+        self._disk_free: dict[str, float] = {}      # the L2 link's FIFO queue
+        self._temporary: set[int] = set()           # L1 buffers of chunks read from L2
         self.now = 0.0
         self.num_out_of_memory = 0                  # chunks a write dropped (no free L1 memory)
         self.num_eviction_rounds = 0                # loop ticks at or above the watermark
+        self.l2_bytes = {"store": 0, "prefetch": 0}
+        self.l2_busy_s = {"store": 0.0, "prefetch": 0.0}
+        self.num_l2_store_failures = 0              # chunks L2 found no room for
 
     # ---------------------------------------------------------------- time
 
@@ -82,14 +101,24 @@ class LMCacheServer:
         (a write done at a tick's time counts before the tick)."""
         if t < self.now:
             raise ValueError(f"LMCacheServer.advance: {t} is before {self.now}")
-        writes, l1 = self._writes, self.l1
+        events, l1 = self._events, self.l1
         while True:
             tick = self._tick * self.interval_s
-            done = writes[0][0] if writes else math.inf
+            done = events[0][0] if events else math.inf
             if done <= t and done <= tick:
-                _, _, keys = heapq.heappop(writes)
-                l1.complete_store(keys)
-                l1.touch(keys)                      # on_keys_created: most recent, head first
+                at, _, kind, keys = heapq.heappop(events)
+                if kind == "l1":
+                    l1.complete_store(keys)
+                    l1.touch(keys)                  # on_keys_created: most recent, head first
+                    if self.l2 is not None:
+                        self._store_l2(keys, at)
+                elif kind == "l2":
+                    self.l2.complete_store(keys)
+                    self.l2.touch(keys)
+                else:                               # a prefetch read into L1 buffers is done
+                    l1.complete_store(keys)
+                    l1.prepare_load(keys)           # locked for the request's retrieve
+                    self.l2.complete_load(keys)
             elif tick <= t:
                 if len(l1) >= self.trigger_watermark * l1.capacity_chunks:
                     self._evict()
@@ -103,23 +132,46 @@ class LMCacheServer:
                 break
         self.now = t
 
-    def next_write_done(self) -> float:
-        return self._writes[0][0] if self._writes else math.inf
-
     # ---------------------------------------------------------- operations
 
-    def lookup(self, keys: Sequence[int]) -> list[int]:
-        """The leading written chunks of ``keys``, locked and touched (module doc)."""
-        n = self.tiers.lookup(keys).num_chunks
-        hit = list(keys[:n])
-        if hit:
-            self.l1.prepare_load(hit)               # the lock: not evictable until freed
-            self.l1.touch(hit)
-        return hit
+    def lookup(self, keys: Sequence[int]) -> tuple[list[int], float]:
+        """(the leading chunks of ``keys`` the store can serve, when the reply is ready):
+        L1 chunks locked and touched now, L2 chunks read into L1 buffers first
+        (the reply waits for that read; module doc)."""
+        l1, l2 = self.l1, self.l2
+        hit, from_l2 = [], []
+        room = l1.capacity_chunks - len(l1)
+        for k in keys:
+            if l1.lookup(k) == HIT:
+                hit.append(k)
+            elif l2 is not None and l2.lookup(k) == HIT and len(from_l2) < room:
+                hit.append(k)
+                from_l2.append(k)
+            else:
+                break                               # a miss, or no L1 buffer: the prefix ends
+        in_l1 = [k for k in hit if l1.lookup(k) == HIT]
+        if in_l1:
+            l1.prepare_load(in_l1)                  # the lock: not evictable until freed
+            l1.touch(in_l1)
+        ready = self.now
+        if from_l2:
+            l1.prepare_store(from_l2)               # the buffers (they fit: ``room``)
+            l2.prepare_load(from_l2)
+            l2.touch(from_l2)
+            ready = self._disk("prefetch", len(from_l2) * l1.chunk_bytes, self.now)
+            self._push(ready, "prefetch", from_l2)
+            self._temporary.update(from_l2)
+        return hit, ready
 
     def unlock(self, keys: Sequence[int]) -> None:
-        if keys:
-            self.l1.complete_load(keys)
+        """The locks end; a temporary buffer read by its last reader is deleted."""
+        if not keys:
+            return
+        self.l1.complete_load(keys)
+        done = [k for k in keys if k in self._temporary and self.l1.state(k) == 0]
+        if done:
+            self.l1.remove(done)
+            self._temporary.difference_update(done)
 
     def reserve_write(self, keys: Sequence[int]) -> list[int]:
         """The chunks of ``keys`` this write copies: not held yet and fitting in the
@@ -136,10 +188,34 @@ class LMCacheServer:
     def finish_write(self, keys: Sequence[int], done: float) -> None:
         """The copy of ``keys`` ends at ``done``: readable from then (``advance``)."""
         if keys:
-            self._seq += 1
-            heapq.heappush(self._writes, (done, self._seq, tuple(keys)))
+            self._push(done, "l1", keys)
+
+    def next_event(self) -> float:
+        return self._events[0][0] if self._events else math.inf
 
     # ------------------------------------------------------------- private
+
+    def _push(self, done: float, kind: str, keys) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (done, self._seq, kind, tuple(keys)))
+
+    def _disk(self, kind: str, nbytes: int, at: float) -> float:
+        """Book the L2 link (one FIFO queue, reads and writes) from ``at``; when it ends."""
+        start, end = book_link(self._disk_free, "disk", at, self.l2.spec.transfer_time_s(nbytes))
+        self.l2_bytes[kind] += nbytes
+        self.l2_busy_s[kind] += end - start
+        return end
+
+    def _store_l2(self, keys: Sequence[int], at: float) -> None:
+        """The store controller copies an L1 write to L2 (module doc)."""
+        new = [k for k in keys if k not in self.l2]
+        if not new:
+            return
+        if self.l2.prepare_store(new) is None:
+            self.num_l2_store_failures += len(new)
+            return
+        # The copy starts when the L1 write is done.
+        self._push(self._disk("store", len(new) * self.l1.chunk_bytes, at), "l2", new)
 
     def _evict(self) -> None:
         """One round of ``eviction_loop`` above the watermark (module doc)."""

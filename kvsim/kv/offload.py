@@ -256,6 +256,14 @@ class OffloadTier:
         self.num_evicted += len(victims)
         return victims
 
+    def remove(self, keys: Iterable[int]) -> None:
+        """Drop ready, unpinned chunks (not an eviction: LMCache's temporary prefetch
+        buffers, deleted once read)."""
+        for k in keys:
+            if self._ref.get(k) == 0:
+                del self._ref[k]
+                del self._rank[k]
+
     def request_finished(self, request_id) -> None:
         """Commit the request's recency (``on_request_finished``).
 

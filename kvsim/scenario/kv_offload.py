@@ -32,6 +32,7 @@ from kvsim.metrics.schema import CONNECTOR_REQUEST_COLUMNS
 from kvsim.scenario.schema import KVOffloadingSection, LMCacheSection, ScenarioError
 
 GIB = 1 << 30
+UNBOUNDED = 1 << 60      # bytes: an L2 with no capacity of its own (LMCache's fs adapter)
 PAGE_BYTES = 4096        # vLLM SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT = mmap.PAGESIZE (x86-64 Linux)
 
 
@@ -92,10 +93,12 @@ class LMCacheSettings:
     trigger_watermark: float
     eviction_ratio: float
     kv_offloading_size: float        # GiB: switches the connector on, sizes nothing
+    l2: TierSpec | None = None       # an fs L2 adapter (local disk)
 
     def make_connector(self, shared: dict | None = None) -> LMCacheMPConnector:
         """A fresh connector and server (``shared`` is ignored: one server per replica)."""
-        server = LMCacheServer(OffloadTier(self.l1, self.chunk_bytes),
+        l2 = OffloadTier(self.l2, self.chunk_bytes) if self.l2 is not None else None
+        server = LMCacheServer(OffloadTier(self.l1, self.chunk_bytes), l2=l2,
                                trigger_watermark=self.trigger_watermark,
                                eviction_ratio=self.eviction_ratio)
         return LMCacheMPConnector(server, block_size=self.block_size, chunk_size=self.chunk_size,
@@ -106,10 +109,14 @@ class LMCacheSettings:
         return self.l1.capacity_bytes // self.chunk_bytes
 
     def describe(self) -> str:
+        l2 = "" if self.l2 is None else (
+            ", L2 disk " + (f"{self.l2.capacity_bytes // self.chunk_bytes} chunks"
+                             if self.l2.capacity_bytes < UNBOUNDED else "unbounded")
+            + f" at {self.l2.bandwidth_gbps:g} GB/s")
         return (f"KV offloading: LMCache (LMCacheMPConnector): server L1 {self.l1_chunks} chunks "
                 f"of {self.chunk_size} tokens ({self.chunk_bytes} bytes each) at "
                 f"{self.l1.bandwidth_gbps:g} GB/s per direction, LRU evicted above "
-                f"{self.trigger_watermark:g} of it; engine.kv_offloading_size "
+                f"{self.trigger_watermark:g} of it{l2}; engine.kv_offloading_size "
                 f"({self.kv_offloading_size:g} GiB) only switches it on: vLLM does not pass it "
                 f"to LMCache (size the store with engine.lmcache.l1_size_gb)")
 
@@ -163,7 +170,14 @@ def lmcache_settings(eng, *, block_size: int, block_bytes_per_rank: int, tp: int
                             f"chunk of {section.chunk_size} tokens ({chunk_bytes} bytes): raise it")
     l1 = TierSpec("cpu", "cpu", num_chunks * chunk_bytes,
                   section.bandwidth_gbps or pcie_bandwidth_gbps, section.latency_us)
-    return LMCacheSettings(block_size=block_size, chunk_size=section.chunk_size,
+    l2 = None
+    if (a := section.l2_adapter) is not None:
+        size = UNBOUNDED if a.capacity_gib is None else int(a.capacity_gib * GIB)
+        if size < chunk_bytes:
+            raise ScenarioError(f"engine.lmcache.l2_adapter.capacity_gib: got {a.capacity_gib!r}; it "
+                                f"holds no chunk of {chunk_bytes} bytes: raise it")
+        l2 = TierSpec("disk", "disk", size // chunk_bytes * chunk_bytes, a.bandwidth_gbps, a.latency_us)
+    return LMCacheSettings(l2=l2, block_size=block_size, chunk_size=section.chunk_size,
                            chunk_bytes=chunk_bytes, tp=tp, l1=l1,
                            trigger_watermark=section.eviction_trigger_watermark,
                            eviction_ratio=section.eviction_ratio,

@@ -87,6 +87,16 @@ class KVOffloadingSection(_Section):
     remote: RemoteTierSection | None = None
 
 
+class LMCacheL2Section(_Section):
+    """An L2 adapter behind the LMCache server's L1 (``--l2-adapter``; kvsim: ``fs``, a local disk)."""
+
+    type: Literal["fs"] = Field("fs", description="LMCache L2 adapter type (fs only)")
+    capacity_gib: float | None = Field(None, gt=0, description="kvsim: GiB it holds, LRU beyond "
+                                       "(LMCache's fs adapter has no limit: None)")
+    bandwidth_gbps: float = Field(gt=0, description="disk GB/s (1e9 bytes), reads and writes")
+    latency_us: float = Field(0.0, ge=0, description="per transfer")
+
+
 class LMCacheSection(_Section):
     """The LMCache server's store behind ``kv_offloading_backend: lmcache`` (vLLM's
     LMCacheMPConnector; kv/lmcache_server.py, docs/kv_tiers.md), under the LMCache
@@ -106,6 +116,7 @@ class LMCacheSection(_Section):
     bandwidth_gbps: float | None = Field(None, gt=0, description="kvsim: GPU<->server GB/s per "
                                          "direction (default: the GPU's pcie_bandwidth_gbps)")
     latency_us: float = Field(0.0, ge=0, description="kvsim: per transfer")
+    l2_adapter: LMCacheL2Section | None = None
 
 
 class EngineSection(_Section):
