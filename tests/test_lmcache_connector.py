@@ -149,26 +149,29 @@ def test_a_finished_request_keeps_its_blocks_until_its_store_is_done():
     assert steps(trace) == [(0.0, {"A": 32}), (1.0, {"C": 32})]
 
 
-def test_a_full_store_drops_chunks_and_the_eviction_loop_frees_the_least_recent():
+def test_a_full_store_drops_its_chunks_and_the_eviction_loop_frees_the_least_recent():
     c = lmcache(l1_chunks=6)
-    specs = [spec("A", A, max_tokens=1), spec("C", C, max_tokens=1, arrival=2.0),
-             spec("B", A + [7, 7, 7, 7], max_tokens=1, arrival=4.0)]
+    D = list(range(200, 216))                            # 2 chunks
+    specs = [spec("A", A, max_tokens=1), spec("D", D, max_tokens=1, arrival=2.0),
+             spec("C", C, max_tokens=1, arrival=4.0), spec("B", A + [7, 7, 7, 7], max_tokens=1, arrival=6.0)]
     trace, done = run(specs, c)
-    # A's 4 chunks are in L1 at 2.0 (4/6 < the 0.8 watermark). C's store at 3.0
-    # finds room for 2 (C0, C1, written by 3.5): the other 2 are dropped. The
+    # A's 4 chunks in L1 at 2.0 (4/6 < the 0.8 watermark); D's 2 at 3.5. The
     # loop's tick at 4.0 sees 6/6: it evicts int(6 * 0.2) = 1, the least recent:
-    # A3 (A's chunks were created head most recent). B arrives at 4.0, during
-    # the engine's empty step after C's finish (taken once C's store is done,
-    # 3.5-4.5; sched/connector.py); at 4.5 it hits A0-A2 (24 tokens): 16 load
-    # 4.5-5.0, B computes 12 and re-stores A3 at 6.0 (room: 2). Tick 5.0:
-    # 5/6 >= 0.8: evicts C1 (A0-A2 are still locked by B's load, done at 5.0).
-    assert steps(trace) == [(0.0, {"A": 32}), (2.0, {"C": 32}), (3.5, {}), (5.0, {"B": 12})]
-    assert c.external_hits == {"B": (8, 16)}
+    # A3 (A's chunks were created head most recent); tick 5.0, 5/6: A2. C's
+    # store at 5.5 needs 4 chunks, 2 are free: all 4 are dropped (allocated
+    # together). B at 6.5 hits A0-A1 (16 tokens, none on the GPU: D and C took
+    # A's blocks), loads them 6.5-7.0, computes 20 and stores A2, A3 at 8.0.
+    # (3.5 and 5.5: the engine's empty steps after D's and C's finishes, taken
+    # once their stores are done; sched/connector.py. B and C arrive during them.)
+    assert steps(trace) == [(0.0, {"A": 32}), (2.0, {"D": 16}), (3.5, {}), (4.5, {"C": 32}),
+                            (5.5, {}), (7.0, {"B": 20})]
+    assert c.external_hits == {"B": (0, 16)} and done["B"].first_token_time == 8.0
     s = c.stats()
-    assert (s["kv_offload_allocation_failure"], s["num_eviction_rounds"]) == (2, 2)
-    assert (s["cpu_chunks_evicted"], s["cpu_chunks_held"], s["cpu_capacity_chunks"]) == (2, 5, 6)
-    assert done["B"].first_token_time == 6.0
-    assert set(c.server.l1.lru_order()) == set(A_KEYS) | {C_KEYS[0]}   # C1 and A3's old copy gone
+    assert (s["kv_offload_allocation_failure"], s["num_eviction_rounds"]) == (4, 2)
+    assert (s["cpu_chunks_evicted"], s["cpu_chunks_held"], s["cpu_capacity_chunks"]) == (2, 6, 6)
+    d = Request(spec("d", D), 0, block_size=4, max_model_len=128).block_hashes[1:4:2]
+    # B's lookup touched A0, A1 (head most recent); A2, A3 written last.
+    assert c.server.l1.lru_order() == [d[1], d[0], A_KEYS[1], A_KEYS[0], A_KEYS[3], A_KEYS[2]]
 
 
 @pytest.mark.parametrize("fast_path", [True, False])
@@ -180,27 +183,49 @@ def test_a_chunk_evicted_from_l1_comes_back_from_the_l2_disk_before_the_reply(fa
              spec("B", A + [7, 7, 7, 7], max_tokens=1, arrival=6.0)]
     trace, done = run(specs, c, fast_path)
     # A's 4 chunks: L1 1.0-2.0, then copied to L2 2.0-4.0. Tick 2.0: 4/4 -> A3
-    # evicted. C's store (3.0) fits one chunk (C0, 3.0-3.25; L2 4.0-4.5), drops 3.
-    # Tick 4.0: 4/4 -> A2 evicted. B at 6.0: A0, A1 in L1, A2 in L2 (read into an
-    # L1 buffer 6.0-6.5: the reply waits for it), A3 in L2 but no L1 buffer is
-    # left: the hit is 3 chunks. At 6.5: 8 tokens on the GPU, 16 retrieved
-    # 6.5-7.0; B computes 12. (3.25: the engine's empty step after C's finish.)
-    assert steps(trace) == [(0.0, {"A": 32}), (2.0, {"C": 32}), (3.25, {}), (7.0, {"B": 12})]
-    assert c.external_hits == {"B": (8, 16)} and done["B"].first_token_time == 8.0
+    # evicted from L1. C's store (3.0) needs 4, 1 is free: dropped. B at 6.0:
+    # A0-A2 in L1, A3 in L2: read into an L1 buffer 6.0-6.5, the reply waits
+    # for it. At 6.5: 32 tokens, 8 on the GPU: 24 retrieved 6.5-7.25; B
+    # computes its last 4. (3.0: the engine's empty step after C's finish.)
+    assert steps(trace) == [(0.0, {"A": 32}), (2.0, {"C": 32}), (3.0, {}), (7.25, {"B": 4})]
+    assert c.external_hits == {"B": (8, 24)} and done["B"].first_token_time == 8.25
     s = c.stats()
-    assert (s["lmcache_l2_store_bytes"], s["lmcache_l2_prefetch_bytes"]) == (5 * CHUNK, CHUNK)
-    assert (s["lmcache_l2_prefetch_time_s"], s["disk_chunks_held"]) == (0.5, 5)
-    # Tick 7.0 (4/4: A2's buffer counts) evicts C0, the least recent unlocked;
-    # A2's buffer is temporary, deleted once retrieved; B re-stores A3 at 8.0.
+    assert (s["lmcache_l2_store_bytes"], s["lmcache_l2_prefetch_bytes"]) == (4 * CHUNK, CHUNK)
+    assert (s["lmcache_l2_prefetch_time_s"], s["disk_chunks_held"]) == (0.5, 4)
+    # Tick 7.0 (4/4: A3's buffer counts) evicts A0, the only unlocked chunk (the
+    # GPU covers it); A3's buffer is temporary, deleted once retrieved.
     assert (s["kv_offload_allocation_failure"], s["num_eviction_rounds"], s["cpu_chunks_evicted"]) == (
-        3, 3, 3)
-    assert c.server.l1.lru_order() == [A_KEYS[1], A_KEYS[0], A_KEYS[3]]
+        4, 2, 2)
+    assert c.server.l1.lru_order() == [A_KEYS[2], A_KEYS[1]]
+
+
+def test_an_l2_hit_needs_l1_buffers_for_all_its_chunks():
+    l1 = OffloadTier(TierSpec("cpu", "cpu", 4 * CHUNK, 1.0), CHUNK)
+    l2 = OffloadTier(TierSpec("disk", "disk", 8 * CHUNK, 0.5), CHUNK)
+    server = LMCacheServer(l1, l2=l2)
+    server.finish_write(server.reserve_write([1, 2, 3, 4]), done=0.0)
+    server.advance(0.0)                           # L1 1-4; copied to L2 0.0-2.0
+    server.advance(2.0)                           # tick 1.0: 4/4 -> 4 evicted; tick 2.0: 3/4
+    assert [k in l1 for k in (1, 2, 3, 4)] == [True, True, True, False] and len(l2) == 4
+    server.finish_write(server.reserve_write([9]), done=2.0)
+    server.advance(2.0)                           # L1 full again: 1, 2, 3, 9
+    assert server.lookup([1, 2, 3, 4]) == ([1, 2, 3], 2.0)     # no buffer for 4: L1 part only
+    server.unlock([1, 2, 3])
+    # Tick 3.0: 4/4 -> 9 evicted (1-3 were touched by the lookup after 9 was written).
+    server.advance(3.0)
+    assert 9 not in l1 and 9 in l2               # copied to L2 2.0-2.5
+    # Now a buffer is free: 4 is read 3.0-3.5 (the disk is idle), the reply then.
+    assert server.lookup([1, 2, 3, 4]) == ([1, 2, 3, 4], 3.5)
+    server.advance(3.5)
+    server.unlock([1, 2, 3, 4])
+    assert 4 not in l1 and len(l1) == 3           # the buffer is temporary
 
 
 def test_the_server_store_drops_what_does_not_fit_and_evicts_lru_above_the_watermark():
     tier = OffloadTier(TierSpec("cpu", "cpu", 10 * CHUNK, 1.0), CHUNK)
     server = LMCacheServer(tier)
-    assert server.reserve_write(range(1, 13)) == list(range(1, 11))    # 2 OUT_OF_MEMORY
+    assert server.reserve_write(range(1, 11)) == list(range(1, 11))
+    assert server.reserve_write([11, 12]) == []        # allocated together: both OUT_OF_MEMORY
     assert server.num_out_of_memory == 2 and server.reserve_write([1, 2]) == []   # held: not rewritten
     server.finish_write(list(range(1, 11)), done=0.5)
     # Created head most recent: 10 is the least recently used.

@@ -13,10 +13,12 @@ kvsim reproduces of it:
   ``--l1-align-bytes`` 4096.
 * **Capacity**: ``--l1-size-gb`` (``int(l1_size_gb * (1 << 30))`` bytes,
   ``distributed/config.py``) held as whole chunks.
-* **Writes** (``StorageManager.reserve_write``): a key already held (or being
-  written) is not written again (``KEY_NOT_WRITABLE``); a key that finds no
-  free memory is dropped (``OUT_OF_MEMORY``): L1 does **not** evict to make
-  room. A written chunk is readable once its copy is done
+* **Writes** (``StorageManager.reserve_write``, ``L1Manager.reserve_write``):
+  a key already held (or being written) is not written again
+  (``KEY_NOT_WRITABLE``); the new keys of one write are allocated together
+  (``self._memory_manager.allocate(layout_desc, len(need_to_allocate))``) and
+  all dropped when they do not fit (``OUT_OF_MEMORY``): L1 does **not** evict
+  to make room. A written chunk is readable once its copy is done
   (``finish_write``), and becomes the most recently used then, the batch's
   first key most recent (``LRUEvictionPolicy.on_keys_created`` walks the keys
   reversed, moving each to the end).
@@ -39,9 +41,10 @@ kvsim reproduces of it:
   default``: "store all keys to all adapters, keep L1"), over the disk link.
   A lookup (``PrefetchController``: "Plan the needed cells, L1 first, then L2,
   lowest index first") takes the leading chunks held in L1 or, failing that,
-  in L2; the L2 ones are read into L1 buffers first (``_transition_to_load_phase``:
-  an L1 reservation that fails ends the prefix there), and the reply waits
-  for that read. The buffers are temporary (``DefaultPrefetchPolicy.plan_l1_retention``:
+  in L2; the L2 ones are read into L1 buffers first, reserved together
+  (``_reserve_l1_cells``: one ``reserve_write`` per key group; when it fails
+  the replan keeps the L1 part before the first L2 chunk), and the reply
+  waits for that read. The buffers are temporary (``DefaultPrefetchPolicy.plan_l1_retention``:
   "every loaded key is temporary"): deleted once read. LMCache's ``fs``
   adapter has no capacity; kvsim's ``capacity_gib`` (optional) evicts LRU to
   make room.
@@ -140,15 +143,19 @@ class LMCacheServer:
         (the reply waits for that read; module doc)."""
         l1, l2 = self.l1, self.l2
         hit, from_l2 = [], []
-        room = l1.capacity_chunks - len(l1)
         for k in keys:
             if l1.lookup(k) == HIT:
                 hit.append(k)
-            elif l2 is not None and l2.lookup(k) == HIT and len(from_l2) < room:
+            elif l2 is not None and l2.lookup(k) == HIT:
                 hit.append(k)
                 from_l2.append(k)
             else:
-                break                               # a miss, or no L1 buffer: the prefix ends
+                break                               # a miss: the prefix ends
+        if len(from_l2) > l1.capacity_chunks - len(l1):
+            # The L1 buffers are allocated together: none. The L1 part before
+            # the first L2 chunk is what is left.
+            hit = hit[:hit.index(from_l2[0])]
+            from_l2 = []
         in_l1 = [k for k in hit if l1.lookup(k) == HIT]
         if in_l1:
             l1.prepare_load(in_l1)                  # the lock: not evictable until freed
@@ -174,16 +181,16 @@ class LMCacheServer:
             self._temporary.difference_update(done)
 
     def reserve_write(self, keys: Sequence[int]) -> list[int]:
-        """The chunks of ``keys`` this write copies: not held yet and fitting in the
-        free memory, in order; the rest that are new are dropped (OUT_OF_MEMORY)."""
+        """The chunks of ``keys`` this write copies: those not held yet, if they all
+        fit in the free memory; else none (OUT_OF_MEMORY for all of them)."""
         l1 = self.l1
         new = [k for k in keys if k not in l1]
-        room = max(0, l1.capacity_chunks - len(l1))
-        taken = new[:room]
-        self.num_out_of_memory += len(new) - len(taken)
-        if taken:
-            l1.prepare_store(taken)                 # fits: nothing is evicted here
-        return taken
+        if len(new) > l1.capacity_chunks - len(l1):
+            self.num_out_of_memory += len(new)
+            return []
+        if new:
+            l1.prepare_store(new)                   # fits: nothing is evicted here
+        return new
 
     def finish_write(self, keys: Sequence[int], done: float) -> None:
         """The copy of ``keys`` ends at ``done``: readable from then (``advance``)."""
