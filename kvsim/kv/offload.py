@@ -237,6 +237,33 @@ class OffloadTier:
                 if r == 0:
                     push(heap, (rank, k))
 
+    def num_ready(self) -> int:
+        """Chunks whose store is done (pinned ones included)."""
+        return sum(1 for r in self._ref.values() if r >= 0)
+
+    def evict_lru(self, n: int) -> list[int]:
+        """Evict up to ``n`` evictable chunks, least recently used first; returns them.
+
+        For a store that evicts on its own schedule (LMCache's L1 eviction loop,
+        kv/lmcache_server.py) rather than to make room for one store."""
+        n = min(n, self.num_evictable())
+        if n <= 0:
+            return []
+        victims = self._victims(n, protected=set())
+        for k in victims:
+            del self._ref[k]
+            del self._rank[k]
+        self.num_evicted += len(victims)
+        return victims
+
+    def remove(self, keys: Iterable[int]) -> None:
+        """Drop ready, unpinned chunks (not an eviction: LMCache's temporary prefetch
+        buffers, deleted once read)."""
+        for k in keys:
+            if self._ref.get(k) == 0:
+                del self._ref[k]
+                del self._rank[k]
+
     def request_finished(self, request_id) -> None:
         """Commit the request's recency (``on_request_finished``).
 

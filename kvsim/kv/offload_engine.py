@@ -51,6 +51,15 @@ from kvsim.kv.offload_connector import OffloadingConnectorScheduler, TransferJob
 from kvsim.kv.offload_stack import OffloadTiers
 
 
+def book_link(queue: dict[str, float], link: str, now: float, seconds: float) -> tuple[float, float]:
+    """A FIFO link: a transfer starts when ``link`` is free (``queue[link]``, when
+    its last transfer ends) or ``now``, whichever is later, and holds it for
+    ``seconds``; returns (start, end) and books the link until ``end``."""
+    start = max(now, queue.get(link, 0.0))
+    end = queue[link] = start + seconds
+    return start, end
+
+
 class OffloadConnector:
     """vLLM's OffloadingConnector (scheduler and worker timing) on kvsim's tiers (module doc)."""
 
@@ -159,12 +168,10 @@ class OffloadConnector:
             link = ("h2d" if job.kind == "load" else "d2h") if medium == "cpu" else tier
             spec = self.tiers.by_name[tier].spec
             queue = self._shared_free_at if spec.shared else self._free_at
-            start = max(now, queue.get(link, 0.0))
             # Each TP rank moves its share over its own PCIe link; a network store's
             # link is the replica's (or the store's), not per rank: the whole job.
             share = nbytes if medium == "remote" else -(-nbytes // self.ranks)
-            end = start + spec.transfer_time_s(share)
-            queue[link] = end
+            start, end = book_link(queue, link, now, spec.transfer_time_s(share))
             self.busy_s[job.kind] += end - start
             self.bytes_moved[job.kind] += nbytes
             done = max(done, end)

@@ -8,6 +8,11 @@ chunk is ``blocks_per_chunk`` GPU blocks of every TP rank
 (``worker_kv_bytes_per_block * world_size``). ``OffloadSettings`` is that
 sizing, resolved once per scenario; ``make_connector()`` builds a fresh
 connector (kv/offload_engine.py) for each run. docs/kv_tiers.md section 2.
+
+``kv_offloading_backend: lmcache`` (vLLM: ``LMCacheMPConnector``, which does
+not receive ``kv_offloading_size``) is ``LMCacheSettings``: the store is sized
+by the LMCache server's own configuration, ``engine.lmcache``
+(kv/lmcache_connector.py, kv/lmcache_server.py).
 """
 
 from __future__ import annotations
@@ -18,13 +23,16 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from kvsim.kv.lmcache_connector import LMCacheMPConnector
+from kvsim.kv.lmcache_server import LMCacheServer
 from kvsim.kv.offload import OffloadTier, TierSpec
 from kvsim.kv.offload_engine import OffloadConnector
 from kvsim.kv.offload_stack import OffloadTiers
 from kvsim.metrics.schema import CONNECTOR_REQUEST_COLUMNS
-from kvsim.scenario.schema import KVOffloadingSection, ScenarioError
+from kvsim.scenario.schema import KVOffloadingSection, LMCacheSection, ScenarioError
 
 GIB = 1 << 30
+UNBOUNDED = 1 << 60      # bytes: an L2 with no capacity of its own (LMCache's fs adapter)
 PAGE_BYTES = 4096        # vLLM SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT = mmap.PAGESIZE (x86-64 Linux)
 
 
@@ -72,9 +80,122 @@ class OffloadSettings:
                 f"per direction{disk}")
 
 
+@dataclass(frozen=True)
+class LMCacheSettings:
+    """``kv_offloading_backend: lmcache``: the LMCache server's L1 store, its eviction
+    loop and the GPU<->server link (``engine.lmcache``)."""
+
+    block_size: int
+    chunk_size: int
+    chunk_bytes: int                 # one chunk, all TP ranks, each rank's share 4 KiB-aligned
+    tp: int
+    l1: TierSpec
+    trigger_watermark: float
+    eviction_ratio: float
+    kv_offloading_size: float        # GiB: switches the connector on, sizes nothing
+    l2: TierSpec | None = None       # an fs L2 adapter (local disk)
+
+    def make_connector(self, shared: dict | None = None) -> LMCacheMPConnector:
+        """A fresh connector and server (``shared`` is ignored: one server per replica)."""
+        l2 = OffloadTier(self.l2, self.chunk_bytes) if self.l2 is not None else None
+        server = LMCacheServer(OffloadTier(self.l1, self.chunk_bytes), l2=l2,
+                               trigger_watermark=self.trigger_watermark,
+                               eviction_ratio=self.eviction_ratio)
+        return LMCacheMPConnector(server, block_size=self.block_size, chunk_size=self.chunk_size,
+                                  link_parallelism=self.tp)
+
+    @property
+    def l1_chunks(self) -> int:
+        return self.l1.capacity_bytes // self.chunk_bytes
+
+    def describe(self) -> str:
+        l2 = "" if self.l2 is None else (
+            ", L2 disk " + (f"{self.l2.capacity_bytes // self.chunk_bytes} chunks"
+                             if self.l2.capacity_bytes < UNBOUNDED else "unbounded")
+            + f" at {self.l2.bandwidth_gbps:g} GB/s")
+        return (f"KV offloading: LMCache (LMCacheMPConnector): server L1 {self.l1_chunks} chunks "
+                f"of {self.chunk_size} tokens ({self.chunk_bytes} bytes each) at "
+                f"{self.l1.bandwidth_gbps:g} GB/s per direction, LRU evicted above "
+                f"{self.trigger_watermark:g} of it{l2}; engine.kv_offloading_size "
+                f"({self.kv_offloading_size:g} GiB) only switches it on: vLLM does not pass it "
+                f"to LMCache (size the store with engine.lmcache.l1_size_gb)")
+
+
+def _why_not(eng, scheduler: str, prefix_cache: str, hybrid: bool, what: str) -> str | None:
+    """Why a connector cannot run with these engine settings (None: it can)."""
+    if scheduler != "chunked":
+        return (f"engine.scheduler: {scheduler!r} with KV offloading; vLLM's {what} "
+                f"is a V1 connector: use scheduler: chunked")
+    if not eng.enable_prefix_caching:
+        return ("engine.enable_prefix_caching: false with KV offloading; the offloaded chunks are "
+                "keyed by the block hashes: enable prefix caching")
+    if prefix_cache != "hash":
+        return ("engine.prefix_cache: radix with KV offloading; the radix cache takes no KV from a "
+                "connector: use prefix_cache: hash")
+    if hybrid:
+        return ("KV offloading for a model with several KV-cache groups (sliding window, Mamba) is "
+                "not modelled: one full-attention group only")
+    return None
+
+
+def lmcache_settings(eng, *, block_size: int, block_bytes_per_rank: int, tp: int,
+                     pcie_bandwidth_gbps: float, scheduler: str, prefix_cache: str,
+                     hybrid: bool) -> LMCacheSettings | None:
+    """``kv_offloading_backend: lmcache``: vLLM 0.33 (config/vllm.py
+    ``_post_init_kv_transfer_config``) sets LMCacheMPConnector only when
+    ``kv_offloading_size`` is set, and passes it nothing else."""
+    if eng.kv_offloading_size is None:
+        if eng.lmcache is not None or eng.kv_offloading is not None:
+            key = "lmcache" if eng.lmcache is not None else "kv_offloading"
+            raise ScenarioError(f"engine.{key}: set, but vLLM turns KV offloading on only with "
+                                f"engine.kv_offloading_size (with backend lmcache any size: "
+                                f"LMCache's server sizes the store)")
+        return None
+    if eng.kv_offloading is not None:
+        raise ScenarioError("engine.kv_offloading: the native connector's details with "
+                            "kv_offloading_backend: lmcache; the LMCache store is engine.lmcache")
+    why = _why_not(eng, scheduler, prefix_cache, hybrid, "LMCacheMPConnector")
+    if why:
+        raise ScenarioError(why)
+    section = eng.lmcache or LMCacheSection()
+    if section.chunk_size % block_size:
+        # lmcache_integration/multi_process_adapter.py: assert chunk_size % vllm_block_size == 0
+        raise ScenarioError(f"engine.lmcache.chunk_size: got {section.chunk_size}; it must be a "
+                            f"multiple of engine.block_size ({block_size})")
+    per_rank = block_bytes_per_rank * (section.chunk_size // block_size)
+    chunk_bytes = -(-per_rank // PAGE_BYTES) * PAGE_BYTES * tp       # --l1-align-bytes 4096
+    num_chunks = int(section.l1_size_gb * GIB) // chunk_bytes
+    if num_chunks < 1:
+        raise ScenarioError(f"engine.lmcache.l1_size_gb: got {section.l1_size_gb!r}; it holds no "
+                            f"chunk of {section.chunk_size} tokens ({chunk_bytes} bytes): raise it")
+    l1 = TierSpec("cpu", "cpu", num_chunks * chunk_bytes,
+                  section.bandwidth_gbps or pcie_bandwidth_gbps, section.latency_us)
+    l2 = None
+    if (a := section.l2_adapter) is not None:
+        size = UNBOUNDED if a.capacity_gib is None else int(a.capacity_gib * GIB)
+        if size < chunk_bytes:
+            raise ScenarioError(f"engine.lmcache.l2_adapter.capacity_gib: got {a.capacity_gib!r}; it "
+                                f"holds no chunk of {chunk_bytes} bytes: raise it")
+        l2 = TierSpec("disk", "disk", size // chunk_bytes * chunk_bytes, a.bandwidth_gbps, a.latency_us)
+    return LMCacheSettings(l2=l2, block_size=block_size, chunk_size=section.chunk_size,
+                           chunk_bytes=chunk_bytes, tp=tp, l1=l1,
+                           trigger_watermark=section.eviction_trigger_watermark,
+                           eviction_ratio=section.eviction_ratio,
+                           kv_offloading_size=eng.kv_offloading_size)
+
+
 def offload_settings(eng, *, block_size: int, block_bytes_per_rank: int, tp: int, pcie_bandwidth_gbps: float,
-                     scheduler: str, prefix_cache: str, hybrid: bool) -> OffloadSettings | None:
+                     scheduler: str, prefix_cache: str,
+                     hybrid: bool) -> OffloadSettings | LMCacheSettings | None:
     """The tiers ``engine`` asks for, or None; ScenarioError (one line) for what cannot run."""
+    if eng.kv_offloading_backend == "lmcache":
+        return lmcache_settings(eng, block_size=block_size, block_bytes_per_rank=block_bytes_per_rank,
+                                tp=tp, pcie_bandwidth_gbps=pcie_bandwidth_gbps, scheduler=scheduler,
+                                prefix_cache=prefix_cache, hybrid=hybrid)
+    if eng.lmcache is not None:
+        raise ScenarioError(f"engine.lmcache: set with kv_offloading_backend "
+                            f"{eng.kv_offloading_backend!r}; it configures the LMCache server: "
+                            f"set kv_offloading_backend: lmcache")
     section = eng.kv_offloading
     if eng.kv_offloading_size is None and (section is None or section.num_cpu_blocks is None):
         if section is not None:
@@ -84,26 +205,7 @@ def offload_settings(eng, *, block_size: int, block_bytes_per_rank: int, tp: int
     if section is not None and section.num_cpu_blocks is not None and eng.kv_offloading_size is not None:
         raise ScenarioError("engine.kv_offloading.num_cpu_blocks: set with engine.kv_offloading_size; "
                             "give the CPU tier's size once (GiB or blocks)")
-    why = None
-    if eng.kv_offloading_backend != "native":
-        # vLLM 0.33 config/vllm.py _post_init_kv_transfer_config: "lmcache" selects the
-        # LMCacheMPConnector, backed by a standalone LMCache server whose own config
-        # (not kv_offloading_size) sizes the store (docs/kv_tiers.md section 2a).
-        why = (f"engine.kv_offloading_backend: {eng.kv_offloading_backend!r} is not modelled "
-               f"(vLLM then runs LMCacheMPConnector against a standalone LMCache server, sized "
-               f"by its own config, not kv_offloading_size); allowed: native")
-    elif scheduler != "chunked":
-        why = (f"engine.scheduler: {scheduler!r} with KV offloading; vLLM's OffloadingConnector "
-               f"is a V1 connector: use scheduler: chunked")
-    elif not eng.enable_prefix_caching:
-        why = ("engine.enable_prefix_caching: false with KV offloading; the offloaded chunks are "
-               "keyed by the block hashes: enable prefix caching")
-    elif prefix_cache != "hash":
-        why = ("engine.prefix_cache: radix with KV offloading; the radix cache takes no KV from a "
-               "connector: use prefix_cache: hash")
-    elif hybrid:
-        why = ("KV offloading for a model with several KV-cache groups (sliding window, Mamba) is "
-               "not modelled: one full-attention group only")
+    why = _why_not(eng, scheduler, prefix_cache, hybrid, "OffloadingConnector")
     if why:
         raise ScenarioError(why)
     section = section or KVOffloadingSection()
@@ -132,8 +234,9 @@ def with_connector_columns(requests: pd.DataFrame, connectors) -> pd.DataFrame:
     load started. A request that loaded nothing hit the GPU only
     (``num_cached_tokens``); one that loaded has the split the connector recorded
     (a full-prompt hit counts every token there, though its last is recomputed).
-    ``connectors``: one ``OffloadConnector`` or a list (a fleet's replicas)."""
-    if isinstance(connectors, OffloadConnector):
+    ``connectors``: one connector (``OffloadConnector``, ``LMCacheMPConnector``) or a
+    list (a fleet's replicas)."""
+    if not isinstance(connectors, (list, tuple)):
         connectors = [connectors]
     hits: dict = {}
     starts: dict = {}
@@ -161,7 +264,7 @@ def offload_summary(connectors, requests) -> dict:
     ``promoted_chunks``). ``connectors``: one ``OffloadConnector`` or a list;
     ``requests``: ``Result.requests``.
     """
-    if isinstance(connectors, OffloadConnector):
+    if not isinstance(connectors, (list, tuple)):
         connectors = [connectors]
     out: dict = {}
     for c in connectors:

@@ -20,7 +20,7 @@ from kvsim.cost.presets import EngineKnobs
 from kvsim.scenario.engine_checks import (check_baseline_scheduler, check_engine_loop,
                                           check_scheduler_knobs, named, radix_settings,
                                           speculative_config)
-from kvsim.scenario.kv_offload import OffloadSettings, offload_settings
+from kvsim.scenario.kv_offload import LMCacheSettings, OffloadSettings, offload_settings
 from kvsim.sched.config import SchedulerConfig
 from kvsim.scenario.schema import (Scenario, ScenarioError, format_validation_error,
                                    parse_overrides, read_scenario_dict)
@@ -54,7 +54,7 @@ class LoadedScenario:
     # What the run does that the scenario does not say (kvsim run prints them).
     notes: tuple[str, ...] = ()
     # CPU/disk KV offload tiers (engine.kv_offloading_size; kvsim/scenario/kv_offload.py)
-    kv_offload: OffloadSettings | None = None
+    kv_offload: OffloadSettings | LMCacheSettings | None = None
 
     @property
     def name(self) -> str:

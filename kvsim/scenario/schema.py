@@ -87,6 +87,38 @@ class KVOffloadingSection(_Section):
     remote: RemoteTierSection | None = None
 
 
+class LMCacheL2Section(_Section):
+    """An L2 adapter behind the LMCache server's L1 (``--l2-adapter``; kvsim: ``fs``, a local disk)."""
+
+    type: Literal["fs"] = Field("fs", description="LMCache L2 adapter type (fs only)")
+    capacity_gib: float | None = Field(None, gt=0, description="kvsim: GiB it holds, LRU beyond "
+                                       "(LMCache's fs adapter has no limit: None)")
+    bandwidth_gbps: float = Field(gt=0, description="disk GB/s (1e9 bytes), reads and writes")
+    latency_us: float = Field(0.0, ge=0, description="per transfer")
+
+
+class LMCacheSection(_Section):
+    """The LMCache server's store behind ``kv_offloading_backend: lmcache`` (vLLM's
+    LMCacheMPConnector; kv/lmcache_server.py, docs/kv_tiers.md), under the LMCache
+    multi-process server's flag names (``lmcache/v1/multiprocess/config.py``,
+    ``lmcache/v1/distributed/config.py``)."""
+
+    chunk_size: int = Field(256, ge=1, description="LMCache --chunk-size: tokens per chunk "
+                            "(a multiple of engine.block_size)")
+    l1_size_gb: float = Field(5.0, gt=0, description="LMCache --l1-size-gb: the server's CPU "
+                              "memory for KV, GiB (2**30 bytes); LMCache requires it, kvsim "
+                              "defaults to LMCache's in-process max_local_cpu_size 5.0")
+    eviction_policy: Literal["LRU"] = Field("LRU", description="LMCache --eviction-policy "
+                                            "(ARC, IsolatedLRU, noop: not modelled)")
+    eviction_trigger_watermark: float = Field(0.8, gt=0, le=1, description="LMCache "
+                                              "--eviction-trigger-watermark")
+    eviction_ratio: float = Field(0.2, gt=0, le=1, description="LMCache --eviction-ratio")
+    bandwidth_gbps: float | None = Field(None, gt=0, description="kvsim: GPU<->server GB/s per "
+                                         "direction (default: the GPU's pcie_bandwidth_gbps)")
+    latency_us: float = Field(0.0, ge=0, description="kvsim: per transfer")
+    l2_adapter: LMCacheL2Section | None = None
+
+
 class EngineSection(_Section):
     """vLLM engine knobs, under vLLM's names. ``None`` means vLLM's default for the GPU."""
 
@@ -125,6 +157,7 @@ class EngineSection(_Section):
                                              "--kv-offloading-size)")
     kv_offloading_backend: Literal["native", "lmcache"] = "native"
     kv_offloading: KVOffloadingSection | None = None
+    lmcache: LMCacheSection | None = None    # kv_offloading_backend: lmcache (docs/kv_tiers.md)
     kv_cache_dtype: Literal["auto", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8"] = "auto"
     watermark: float | None = Field(None, ge=0.0, lt=1.0)
     scheduler_reserve_full_isl: bool = True

@@ -54,13 +54,6 @@ def _only(value, what: str) -> Callable:
     return convert
 
 
-def _only_native_offloading(value):
-    if value != "native":
-        raise Unmodelled("kvsim models the native backend (vLLM's OffloadingConnector); LMCache "
-                         "runs its own server process")
-    return value
-
-
 # vllm/config/cache.py CacheDType -> kvsim's engine.kv_cache_dtype.
 _KV_DTYPES = {"auto": "auto", "float16": "fp16", "bfloat16": "bf16", "fp8": "fp8",
               "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"}
@@ -173,11 +166,12 @@ SUPPORTED: dict[str, To] = {
     "spec_model": To("engine.speculative_config.model", Rule("str")),
     "spec_tokens": To("engine.speculative_config.num_speculative_tokens",
                       Rule("int", gt=0, source="SpeculativeConfig.num_speculative_tokens")),
-    # CPU KV offloading (vLLM's OffloadingConnector; kvsim/scenario/kv_offload.py, issue 15)
+    # CPU KV offloading (kvsim/scenario/kv_offload.py, issue 15): native is vLLM's
+    # OffloadingConnector sized by --kv-offloading-size; lmcache is LMCacheMPConnector,
+    # whose store the LMCache server's own flags size (scenario key engine.lmcache).
     "kv_offloading_size": To("engine.kv_offloading_size", Rule("float", source="CacheConfig.kv_offloading_size")),
     "kv_offloading_backend": To("engine.kv_offloading_backend",
-                                Rule("str", choices=("native", "lmcache")),
-                                _only_native_offloading),
+                                Rule("str", choices=("native", "lmcache"))),
 }
 
 # Flags other work is adding (see the issues named); refused until then.
