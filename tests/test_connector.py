@@ -183,3 +183,44 @@ def test_async_scheduling_with_a_connector_is_refused_in_one_line():
                    connector=Scripted(send_s=0.02))
     assert str(exc.value) == ("engine.async_scheduling: not modelled with a KV connector (P/D "
                               "transfer, KV offloading); allowed: false")
+
+
+def test_an_asynchronous_load_leaves_free_what_the_prefills_in_flight_still_need():
+    # vLLM 0.33 Scheduler.schedule: an asynchronous load is admitted only if its
+    # blocks fit in the free blocks less every in-flight prefill's remaining
+    # need (_inflight_prefill_reserved_blocks, "to avoid deadlock").
+    # 40 usable blocks of 4 tokens. A (120 tokens, 8 loaded) takes 2 blocks and
+    # still needs 28 for its whole sequence; B (80 tokens, 64 loaded) needs 16
+    # now but only 38 - 28 = 10 are not reserved: B waits. Admitted anyway, B
+    # would leave 22 free, A could never start (its whole sequence needs 28:
+    # scheduler_reserve_full_isl) and B queues behind A in the holding queue.
+    c = Scripted(hits={"A": 8, "B": 64}, load_s=3.0)
+    specs = [spec("A", range(1, 121), max_tokens=1), spec("B", range(1001, 1081), max_tokens=1)]
+    _, trace, done = run(specs, c)
+    assert c.allocated["A"] == ([1, 2], 8)
+    # A's prompt in 7 chunks of 16 at t = 3..9 (it is in flight until its last
+    # chunk is scheduled); B is refused at each of those steps, is admitted at
+    # t=10 once A has finished and freed its blocks, loads until 13 and then
+    # computes its last 16 tokens.
+    assert [(s["start_time"], s["scheduled"]) for s in trace] == (
+        [(float(t), {"A": 16}) for t in range(3, 10)] + [(13.0, {"B": 16})])
+    assert done["A"].finish_time == 10.0 and done["B"].first_token_time == 14.0
+    assert done["B"].num_cached_tokens == 64
+
+
+def test_loaded_requests_that_block_each_other_fail_the_first_instead_of_hanging(monkeypatch):
+    # The safety net behind that gate: with it switched off, A and B deadlock
+    # as above (nothing runs, no transfer is pending). The engine fails the
+    # holding queue's head with the reason; B then runs.
+    from kvsim.sched.chunked import ChunkedScheduler
+    monkeypatch.setattr(ChunkedScheduler, "_reserved_for_inflight_prefills", lambda self: 0)
+    c = Scripted(hits={"A": 8, "B": 64}, load_s=3.0)
+    specs = [spec("A", range(1, 121), max_tokens=1), spec("B", range(1001, 1081), max_tokens=1)]
+    engine, trace, done = run(specs, c)
+    # At 3.0 both loads are in and the step is empty (recorded, as any step
+    # that schedules nothing); after it A is failed and B starts.
+    assert done["A"].status is RequestStatus.FAILED and done["A"].finish_time == 4.0
+    assert "does not fit beside the blocks the other loaded requests hold" in done["A"].fail_reason
+    assert [(s["start_time"], s["scheduled"]) for s in trace] == [(3.0, {}), (4.0, {"B": 16})]
+    assert done["B"].first_token_time == 5.0
+    assert engine.scheduler.num_free_blocks() == 40

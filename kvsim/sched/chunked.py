@@ -11,7 +11,8 @@ Engine-time options (issue #13) live in their own modules and enter here as
 calls: two budgets (``budget.py``: ``max_num_scheduled_tokens``, draft
 slots), speculative decoding (``spec_decode.py``), async scheduling
 (``async_finish.py``). Its decode runs (the skip-ahead) are in
-``chunked_runs.py``.
+``chunked_runs.py``, its KV connector hooks (holding queue, kept blocks,
+the asynchronous-load gate) in ``chunked_connector.py``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 from kvsim.sched.async_finish import AsyncFinishing
 from kvsim.sched.base import StepPlan, commit_scheduled, record_admission, sample_tokens
 from kvsim.sched.budget import StepBudget
+from kvsim.sched.chunked_connector import ChunkedConnectorHooks
 from kvsim.sched.chunked_runs import ChunkedDecodeRuns
 from kvsim.sched.cadence import PrefillCadence
 from kvsim.sched.config import SchedulerConfig
@@ -31,7 +33,7 @@ from kvsim.sched.request import Request, RequestStatus
 SKIP = "skip"          # try_admission: leave this request for a later step, try the next
 
 
-class ChunkedScheduler(ChunkedDecodeRuns, AsyncFinishing, PagedScheduler):
+class ChunkedScheduler(ChunkedConnectorHooks, ChunkedDecodeRuns, AsyncFinishing, PagedScheduler):
     """vLLM V1 ``Scheduler`` in synchronous mode, with fake one-token outputs.
 
     With a ``connector`` (sched/connector.py) some KV comes from outside the
@@ -89,6 +91,7 @@ class ChunkedScheduler(ChunkedDecodeRuns, AsyncFinishing, PagedScheduler):
         self.cadence.end_step(plan.scheduled)
         if self.transfers is not None:
             plan.kv_wait_s = self.transfers.connector.step_wait_s(plan.scheduled)
+            self.transfers.after_schedule(plan.scheduled)
         if self._finishing:
             self._release_finishing()
         return plan
@@ -138,41 +141,6 @@ class ChunkedScheduler(ChunkedDecodeRuns, AsyncFinishing, PagedScheduler):
         if self.config.async_scheduling:
             return self._finish_after_next_schedule(finished, now)
         return super().finish_requests(finished, now)
-
-    # ------------------------------------------------------ KV connector
-
-    def _free_finished(self, req: Request) -> None:
-        t = self.transfers
-        if t is not None and t.connector.request_finished(req, list(self.kv.get_blocks(req.request_id))):
-            t.keep_for_sending(req)          # a reader still needs the blocks (finished_sending)
-        else:
-            self.kv.free(req)
-
-    def _after_step(self, now: float) -> None:
-        if self.transfers is not None:
-            for req in self.transfers.poll(now):
-                self.kv.free(req)
-
-    def next_wakeup_time(self) -> float:
-        if self.transfers is None:
-            return float("inf")
-        return self.transfers.connector.next_transfer_done_time()
-
-    def waits_on_sends(self) -> bool:
-        """Finished requests keep blocks for a reader (sched/connector.py): they come back.
-
-        An engine with nothing to run then waits (vLLM's engine polls the
-        connector) instead of failing the waiting head (``pop_unschedulable``);
-        kvsim sleeps until a send ends or the connector wakes it (kvsim/fleet/pd.py).
-        """
-        return self.transfers is not None and self.transfers.num_sending > 0
-
-    def pop_unschedulable(self) -> Request | None:
-        if not len(self.waiting) or self.waits_on_sends():
-            return None
-        req = self.waiting.pop()
-        self.cadence.deferred.discard(req)
-        return req
 
     # ------------------------------------------------------------- running
 
@@ -283,6 +251,8 @@ class ChunkedScheduler(ChunkedDecodeRuns, AsyncFinishing, PagedScheduler):
             self._preempt_finishing(req, plan)
             return
         self.kv.free(req)
+        if self.transfers is not None:
+            self.transfers.forget(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.num_preemptions += 1
@@ -330,38 +300,13 @@ class ChunkedScheduler(ChunkedDecodeRuns, AsyncFinishing, PagedScheduler):
                 self.transfers.start_load(req, num_hit + num_external)
                 continue
             self.running.append(req)
+            if self.transfers is not None:
+                self.transfers.admitted(req, num_hit + num_external, n)
             record_admission(plan, req, num_hit + num_external, n)
             self.cadence.admitted(req, num_hit + num_external)
             budget.take(n)
         for req in reversed(skipped):               # skipped requests keep their order (N5)
             self.waiting.prepend(req)
-        return budget
-
-    def _schedule_holding(self, plan: StepPlan, budget: StepBudget) -> StepBudget | None:
-        """Requests whose KV was loaded asynchronously, in the order they got their
-        blocks; None when the waiting queue must not be served in this step."""
-        t = self.transfers
-        for req in list(t.holding):
-            if not budget.open or len(self.running) >= self.max_num_active_reqs:
-                return None
-            arrived = t.ready(req)
-            if arrived is None:
-                continue                            # still loading: skipped this step
-            if arrived:
-                self.kv.cache_blocks(req, arrived)  # cached once the KV is there
-            if self.cadence.holds(req, req.num_computed_tokens):
-                return None                         # prefill_schedule_interval: a held step
-            n = self._prefill_chunk(req, req.num_computed_tokens, budget.room)
-            cfg = self.config
-            fit = min(req.num_tokens, cfg.max_model_len) if cfg.scheduler_reserve_full_isl else None
-            if n is None or not self._can_admit(req, n, req.num_computed_tokens, [], fit):
-                return None
-            self.kv.allocate_slots(req, n, num_lookahead_tokens=self._lookahead)
-            t.holding.remove(req)
-            self.running.append(req)
-            record_admission(plan, req, req.num_computed_tokens, n)
-            self.cadence.admitted(req, req.num_computed_tokens)
-            budget.take(n)
         return budget
 
     def _prefill_chunk(self, req: Request, num_computed: int, budget: int) -> int | None:
@@ -406,12 +351,17 @@ class ChunkedScheduler(ChunkedDecodeRuns, AsyncFinishing, PagedScheduler):
             if n is None:
                 return None
         fit = min(req.num_tokens, cfg.max_model_len) if cfg.scheduler_reserve_full_isl else None
-        if not self._can_admit(req, n, num_computed, hits, fit):
+        # An asynchronous load holds its blocks with no progress and cannot be
+        # preempted: vLLM admits it only if it leaves free what the prefills in
+        # flight still need (``_inflight_prefill_reserved_blocks``, "to avoid
+        # deadlock"), plus one speculative step's blocks.
+        reserved = self._reserved_for_inflight_prefills() if load_async else 0
+        if not self._can_admit(req, n, num_computed, hits, fit, reserved):
             return None
         return hits, num_hit, n, num_external, load_async
 
     def _can_admit(self, req: Request, n: int, num_hit: int, hits: list[int],
-                   full_tokens: int | None) -> bool:
+                   full_tokens: int | None, reserved: int = 0) -> bool:
         """Would ``allocate_slots`` succeed for this admission? (N1, N2, A2)
 
         The watermark applies to waiting and preempted requests only while
@@ -427,4 +377,4 @@ class ChunkedScheduler(ChunkedDecodeRuns, AsyncFinishing, PagedScheduler):
                 return False
         # Lookahead slots come with work to do (none for an asynchronous load, n = 0).
         need = min(num_hit + n + (self._lookahead if n else 0), self.config.max_model_len)
-        return kv.num_blocks_to_allocate(req, need, hits) + wm <= free
+        return kv.num_blocks_to_allocate(req, need, hits) + wm <= free - reserved

@@ -89,6 +89,10 @@ class KVTransfers:
         self.holding: list[Request] = []           # in the order they got their blocks
         self._received: set[str] = set()
         self._sending: dict[str, Request] = {}     # finished, blocks kept for a reader
+        # vLLM's ``_inflight_prefills``: requests loading asynchronously and
+        # running requests still prefilling after their chunk; what they still
+        # need is kept free when another asynchronous load is admitted.
+        self.inflight_prefills: dict[Request, None] = {}
 
     def __len__(self) -> int:
         return len(self.holding)
@@ -115,6 +119,41 @@ class KVTransfers:
         req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
         req.num_computed_tokens = num_computed_tokens
         self.holding.append(req)
+        self.inflight_prefills[req] = None
+
+    def admitted(self, req: Request, num_computed: int, num_new: int) -> None:
+        """A request was scheduled from a waiting queue: in flight while its
+        chunk leaves prompt to prefill (vLLM ``schedule``: ``if
+        num_computed_tokens + num_new_tokens < request.num_tokens``)."""
+        if num_computed + num_new < req.num_tokens:
+            self.inflight_prefills[req] = None
+
+    def after_schedule(self, scheduled) -> None:
+        """vLLM ``_update_after_schedule``: a scheduled request whose computed
+        tokens (advanced at schedule time, S6) reach its tokens is no longer a
+        prefill in flight."""
+        inflight = self.inflight_prefills
+        if inflight:
+            for req, _, _ in scheduled:
+                if req in inflight and req.num_computed_tokens >= req.num_tokens:
+                    del inflight[req]
+
+    def drop_holding_head(self) -> Request:
+        """The first holding request, taken out (it is failed: ``pop_unschedulable``)."""
+        req = self.holding.pop(0)
+        self._received.discard(req.request_id)
+        self.forget(req)
+        return req
+
+    def forget(self, req: Request) -> None:
+        """Preempted or finished (vLLM ``_preempt_request`` / ``_free_request``)."""
+        self.inflight_prefills.pop(req, None)
+
+    def reserved_blocks(self, remaining_blocks) -> int:
+        """Free blocks an asynchronous load must leave (vLLM
+        ``_inflight_prefill_reserved_blocks``): what every prefill in flight
+        still needs for its whole sequence, ``remaining_blocks(req)`` each."""
+        return sum(map(remaining_blocks, self.inflight_prefills))
 
     def ready(self, req: Request) -> int | None:
         """None while a holding request's KV is still loading (it is skipped

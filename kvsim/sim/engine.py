@@ -369,6 +369,6 @@ class Engine(EngineRecords):
         if req is None:
             return
         req.status = RequestStatus.FAILED
-        req.fail_reason = "cannot be scheduled even with the whole KV cache free"
+        req.fail_reason = req.fail_reason or "cannot be scheduled even with the whole KV cache free"
         req.finish_time = self.env.now
         self._on_done(req)
