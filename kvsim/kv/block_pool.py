@@ -169,6 +169,12 @@ class BlockPool:
             self._head = head + num_blocks
         self._num_free -= num_blocks
         ref, block_hash, cached = self.ref_cnt, self.block_hash, self._cached
+        if not cached:
+            # No block holds a hash (caching off, or nothing cached yet):
+            # nothing to evict, no hash to clear.
+            for b in out:
+                ref[b] = 1
+            return self._after_pop(out)
         if num_blocks > 1:
             evicted = itemgetter(*out)(block_hash)    # the blocks' hashes, read in C
             if None in evicted:
@@ -186,6 +192,10 @@ class BlockPool:
         for b in out:
             ref[b] = 1
             block_hash[b] = None
+        return self._after_pop(out)
+
+    def _after_pop(self, out: list[int]) -> list[int]:
+        """The end of ``get_new_blocks``: debug tokens cleared, popped slots dropped."""
         if self.debug:
             for b in out:
                 self.block_tokens[b] = None
