@@ -271,24 +271,15 @@ class BlockPool:
             return
         new = blocks[num_cached_blocks:num_full_blocks]
         hashes = block_hashes[num_cached_blocks:num_full_blocks]
-        if len(new) > 1 and NULL_BLOCK_ID not in new and cached.keys().isdisjoint(hashes):
-            # Every hash is new to the map: store them in one go, unless one
-            # repeats within the call (B8), which the block-by-block path keeps.
-            before = len(cached)
-            cached.update(zip(hashes, new))
-            if len(cached) - before != len(new):
-                for h in hashes:
-                    cached.pop(h, None)
-            else:
-                for b, h in zip(new, hashes):
-                    block_hash[b] = h
-                new = ()
-        for b, h in zip(new, hashes):
-            if b == NULL_BLOCK_ID:
-                continue
-            block_hash[b] = h
-            if cached.setdefault(h, b) != b:
-                self._add_duplicate(h, b)
+        if NULL_BLOCK_ID in new:
+            for b, h in zip(new, hashes):
+                if b == NULL_BLOCK_ID:
+                    continue
+                block_hash[b] = h
+                if cached.setdefault(h, b) != b:
+                    self._add_duplicate(h, b)
+        else:
+            self._store(new, hashes)
         if tokens is not None and self.debug:
             for i in range(num_cached_blocks, num_full_blocks):
                 self.block_tokens[blocks[i]] = tuple(tokens[i * block_size:(i + 1) * block_size])
@@ -297,6 +288,9 @@ class BlockPool:
         """Give each block its hash, in this order (A4, B8): what
         ``cache_full_blocks`` does for one block per call, for many calls (a
         decode run's fills, kv/manager.py ``_cache_decode_steps``)."""
+        if NULL_BLOCK_ID not in blocks:
+            self._store(blocks, block_hashes)
+            return
         cached, block_hash = self._cached, self.block_hash
         for b, h in zip(blocks, block_hashes):
             if b != NULL_BLOCK_ID:
@@ -305,6 +299,21 @@ class BlockPool:
                     self._add_duplicate(h, b)
 
     # ------------------------------------------------------------- private
+
+    def _store(self, blocks: Sequence[int], hashes: Sequence[int]) -> None:
+        """Each block gets its hash and its place in the map, in order (A4):
+        the block-by-block ``setdefault`` sequence, called from C. A hash
+        already stored keeps its first block and this one joins it (B8); the
+        joins are made after the calls, which leaves the same entries, since a
+        join never changes which block ``setdefault`` finds first."""
+        cached, block_hash = self._cached, self.block_hash
+        found = list(map(cached.setdefault, hashes, blocks))
+        for b, h in zip(blocks, hashes):
+            block_hash[b] = h
+        if found != blocks:
+            for b, h, f in zip(blocks, hashes, found):
+                if f != b:
+                    self._add_duplicate(h, b)
 
     def _prepend(self, blocks: list[int]) -> None:
         """Queue ``blocks`` at the head, in order, in slots already popped."""
