@@ -8,7 +8,7 @@ from typing import Protocol
 from kvsim.sched.request import Request, RequestStatus
 
 
-@dataclass
+@dataclass(slots=True)
 class StepPlan:
     """One step's decisions, in the order the scheduler made them.
 
@@ -41,7 +41,7 @@ class StepPlan:
         return not self.scheduled
 
 
-@dataclass
+@dataclass(slots=True)
 class DecodeRun:
     """Up to ``max_steps`` decode steps the batch can run unchanged (the skip-ahead).
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-@dataclass
+@dataclass(slots=True)
 class StepBudget:
     tokens: int                 # token_budget
     inputs: int                 # input_budget

@@ -43,7 +43,7 @@ from kvsim.sim.steplog import StepLog
 from kvsim.workload.request import RequestSpec
 
 
-@dataclass
+@dataclass(slots=True)
 class _RunInFlight:
     run: DecodeRun
     times: list[float]          # step boundaries: start of step 1 .. end of the last step
