@@ -78,17 +78,15 @@ class PagedScheduler(QueuedRequests):
         it finishes, and the batch changes after it. A request that reaches
         max_model_len stops there too (its final length is capped).
         """
-        if not self.running:
-            return None
-        last = self.running[-1]                   # the newest: the one most likely still prefilling
-        if last.num_output_tokens == 0 or last.prompt_len + last.num_output_tokens - last.num_computed_tokens != 1:
-            return None
+        running = self.running
+        if not running or not _decodes_one_token(running[-1]):
+            return None                           # (the newest first: most likely still prefilling)
         min_remaining = 1 << 62
         computed = []
-        for r in self.running:
+        for r in running:
             c = r.num_computed_tokens
             out = r.num_output_tokens
-            if out == 0 or r.prompt_len + out - c != 1:
+            if out == 0 or r.prompt_len + out - c != 1:     # _decodes_one_token, inlined
                 return None                       # a prefill chunk is pending
             rem = r.final_num_tokens - r.prompt_len - out
             if rem < min_remaining:
@@ -104,7 +102,7 @@ class PagedScheduler(QueuedRequests):
         for r in self.running:
             c = r.num_computed_tokens
             out = r.num_output_tokens
-            if out == 0 or r.prompt_len + out - c != 1:
+            if out == 0 or r.prompt_len + out - c != 1:     # _decodes_one_token, inlined
                 break
             computed.append(c)
         return computed
@@ -160,3 +158,10 @@ class PagedScheduler(QueuedRequests):
         finished = self.finish_requests(finished, token_times[-1])
         self._after_step(token_times[-1])
         return finished
+
+
+def _decodes_one_token(r) -> bool:
+    """The request has sampled and has exactly one token not computed: a
+    plain decode this step (no prefill chunk pending)."""
+    out = r.num_output_tokens
+    return out != 0 and r.prompt_len + out - r.num_computed_tokens == 1
