@@ -45,7 +45,6 @@ Block 0 is the null block: never queued, never freed, never cached
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from operator import itemgetter
 
 NULL_BLOCK_ID = 0
 
@@ -175,23 +174,19 @@ class BlockPool:
             for b in out:
                 ref[b] = 1
             return self._after_pop(out)
-        if num_blocks > 1:
-            evicted = itemgetter(*out)(block_hash)    # the blocks' hashes, read in C
-            if None in evicted:
-                evicted = [h for h in evicted if h is not None]
-        else:
-            evicted = [h for h in map(block_hash.__getitem__, out) if h is not None]
-        if evicted and self._num_multi:
+        if self._num_multi:
             # Some hash is held by several blocks: evict block by block.
             for b in out:
                 if block_hash[b] is not None:
                     self._evict(b)
-        elif evicted:
-            for h in evicted:                         # eviction: the blocks leave the map
-                del cached[h]
-        for b in out:
-            ref[b] = 1
-            block_hash[b] = None
+                ref[b] = 1
+        else:
+            for b in out:
+                h = block_hash[b]
+                if h is not None:                 # eviction: the block leaves the map
+                    del cached[h]
+                    block_hash[b] = None
+                ref[b] = 1
         return self._after_pop(out)
 
     def _after_pop(self, out: list[int]) -> list[int]:

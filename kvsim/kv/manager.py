@@ -9,10 +9,11 @@ Three calls make up the interface the schedulers use, as in
 * ``free(req)``: return a request's blocks, tail first (B6).
 
 A few more serve runs of decode steps that the schedulers skip ahead over
-(DESIGN.md, "skipping time, not rules"): ``decode_run_first_allocations`` and
-``nth_decode_run_allocation`` say when the blocks of a run would be taken,
-``allocate_decode_steps`` performs those steps' allocations and caching,
-exactly as one ``allocate_slots(req, 1)`` per request per step would.
+(DESIGN.md, "skipping time, not rules"), in kv/decode_runs.py:
+``decode_run_first_allocations`` and ``nth_decode_run_allocation`` say when
+the blocks of a run would be taken, ``allocate_decode_steps`` performs those
+steps' allocations and caching, exactly as one ``allocate_slots(req, 1)`` per
+request per step would.
 
 ``fork`` adds copy-on-write sharing for parallel sampling and beam search
 (kv-semantics V5), which V1 does not have but V0 and the vLLM paper do.
@@ -25,17 +26,16 @@ and, in debug mode, ``all_token_ids``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import accumulate
-from operator import sub
 
 from kvsim.kv.block_pool import NULL_BLOCK_ID, BlockPool, PoolQueries
+from kvsim.kv.decode_runs import DecodeRunSteps
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class KVCacheManager(PoolQueries):
+class KVCacheManager(PoolQueries, DecodeRunSteps):
     """Blocks per request, prefix hits, allocation and freeing."""
 
     # A4: full blocks are hashed when they are scheduled, so nothing is cached
@@ -113,6 +113,11 @@ class KVCacheManager(PoolQueries):
         ref = self.pool.ref_cnt
         num_evictable = list(map(ref.__getitem__, new_computed_blocks)).count(0)
         return num_new + num_evictable
+
+    def has_evictable_hits(self, blocks: Sequence[int]) -> bool:
+        """Whether any of these prefix-hit blocks sits in the free queue."""
+        ref = self.pool.ref_cnt
+        return 0 in map(ref.__getitem__, blocks)
 
     def align_chunk(self, req, num_new_tokens: int, num_new_computed_tokens: int = 0) -> int:
         """The chunk the scheduler may give ``req``: unchanged with one group
@@ -202,166 +207,6 @@ class KVCacheManager(PoolQueries):
         self.req_to_blocks[child.request_id] = blocks
         self.num_cached_block[child.request_id] = self.num_cached_block.get(parent.request_id, 0)
 
-    # ------------------------------------------------------- decode runs
-
-    def decode_run_first_allocations(self, reqs: Sequence, num_computed: Sequence[int]) -> list[int] | None:
-        """For a run of one-token steps: the step at which each request first needs a block.
-
-        ``reqs`` decode one token each per step, in this order, from
-        ``num_computed`` tokens each. Step s (1-based) writes token c + s - 1,
-        which needs a new block when it lies past the blocks held (A5); after
-        that, one every ``block_size`` steps. None when a run cannot be planned
-        ahead (copy-on-write).
-        """
-        if self._any_forks:
-            return None
-        bs = self.block_size
-        blocks_of = self.req_to_blocks
-        return [s if (s := len(blocks_of[r.request_id]) * bs - c + 1) > 1 else 1
-                for r, c in zip(reqs, num_computed)]
-
-    def nth_decode_run_allocation(self, first_allocations: Sequence[int], n: int,
-                                  max_steps: int) -> tuple[int, int] | None:
-        """(step, batch index) of the ``n``-th block (1-based) a run allocates, in
-        pop order (step by step, batch order within a step), or None when it
-        allocates fewer than ``n`` within ``max_steps`` steps."""
-        bs = self.block_size
-
-        def allocated_by(step: int) -> int:
-            return sum((step - s0) // bs + 1 for s0 in first_allocations if s0 <= step)
-
-        if n < 1:
-            return (1, 0)
-        if len(first_allocations) * (max_steps // bs + 1) < n or allocated_by(max_steps) < n:
-            return None                           # (the first: at most one block per bs steps each)
-        lo, hi = 1, max_steps                     # the first step by which n blocks are taken
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if allocated_by(mid) >= n:
-                hi = mid
-            else:
-                lo = mid + 1
-        rank = n - allocated_by(lo - 1)
-        for i, s0 in enumerate(first_allocations):
-            if s0 <= lo and (lo - s0) % bs == 0:
-                rank -= 1
-                if rank == 0:
-                    return lo, i
-        raise AssertionError("unreachable: the step takes fewer blocks than counted")
-
-    def allocate_decode_steps(self, reqs: Sequence, num_computed: Sequence[int],
-                              first_allocations: Sequence[int], first_step: int,
-                              last_step: int) -> list[int]:
-        """Steps ``first_step..last_step`` of a decode run: blocks, then caching (A2-A5).
-
-        ``num_computed`` and ``first_allocations`` describe the requests before
-        step 1 of the run (``decode_run_first_allocations``). Does what
-        ``allocate_slots(req, 1)`` does for each request in each step (the
-        blocks the steps need, known to fit; the blocks they fill, hashed),
-        in the same order. Returns the free blocks after each step.
-
-        Popping every block before caching any is the same as interleaving:
-        popped blocks are free and cached ones are held, so evictions and
-        insertions touch different blocks and leave the hash map in the same
-        order.
-        """
-        pool = self.pool
-        bs = self.block_size
-        num_seqs = len(reqs)
-        blocks_of = self.req_to_blocks
-        # Pops and fills as step * num_seqs + index: sorted, they are in the
-        # order the step path pops and hashes them (the hash order matters
-        # when two blocks share a hash, B8).
-        stride = bs * num_seqs
-        end = last_step * num_seqs + num_seqs
-        free = pool.get_num_free_blocks()
-        num_steps = last_step - first_step + 1
-        starts = _steps_in(first_allocations, first_step, last_step, bs)
-        if starts:
-            keys = []
-            for s, i in starts:
-                keys.extend(range(s * num_seqs + i, end, stride))
-            keys.sort()
-            taken = [0] * num_steps
-            for key, block in zip(keys, pool.get_new_blocks(len(keys))):
-                blocks_of[reqs[key % num_seqs].request_id].append(block)
-                taken[key // num_seqs - first_step] += 1
-            out = list(accumulate(taken, sub, initial=free))[1:]
-        else:
-            out = [free] * num_steps
-        if self.enable_caching:
-            # Step s leaves a request with c + s tokens: its first uncached
-            # block j is full at step (j + 1) * bs - c.
-            cached = self.num_cached_block
-            if first_step == 1:
-                fills = [(s, i) for i, r, c in zip(range(num_seqs), reqs, num_computed)
-                         if (s := (cached[r.request_id] + 1) * bs - c) <= last_step]
-            else:
-                fills = _steps_in([(cached[r.request_id] + 1) * bs - c for r, c in zip(reqs, num_computed)],
-                                  first_step, last_step, bs)
-            if fills:
-                self._cache_decode_steps(reqs, num_computed, fills, last_step)
-        return out
-
-    def _cache_decode_steps(self, reqs: Sequence, num_computed: Sequence[int],
-                            fills: list[tuple[int, int]], last_step: int) -> None:
-        """A4 for every block the run's steps fill up to ``last_step``, in
-        (step, batch index) order, as the step path hashes them (the order
-        matters when two blocks share a hash, B8). ``fills``: (first step
-        from which it fills a block every block_size steps, index)."""
-        bs = self.block_size
-        num_seqs = len(reqs)
-        stride = bs * num_seqs
-        end = last_step * num_seqs + num_seqs
-        keys = []                    # step * num_seqs + index: the step fills a block
-        for s, i in fills:
-            keys.extend(range(s * num_seqs + i, end, stride))
-        keys.sort()
-        blocks_of = self.req_to_blocks
-        if self.debug:
-            for key in keys:
-                i = key % num_seqs
-                r = reqs[i]
-                self._cache_full_blocks(r, blocks_of[r.request_id], num_computed[i] + key // num_seqs)
-            return
-        # Each fill caches one block, j = (c + s) // bs - 1: the blocks and
-        # their hashes in fill order, stored by the pool one by one (what
-        # _cache_full_blocks does one block at a time, without its checks).
-        blocks, hashes = [], []
-        for key in keys:
-            i = key % num_seqs
-            r = reqs[i]
-            j = (num_computed[i] + key // num_seqs) // bs - 1
-            blocks.append(blocks_of[r.request_id][j])
-            hashes.append(r.block_hashes[j])
-        self.pool.cache_blocks_in_order(blocks, hashes)
-        cached = self.num_cached_block
-        for _, i in fills:
-            cached[reqs[i].request_id] = (num_computed[i] + last_step) // bs
-
-    def first_step_caching(self, reqs: Sequence, num_computed: Sequence[int], block_hash: int,
-                           max_steps: int) -> int | None:
-        """The first step of a decode run in which one of ``reqs`` hashes a block
-        equal to ``block_hash`` (A4), or None if none does within ``max_steps``."""
-        if not self.enable_caching:
-            return None
-        bs = self.block_size
-        cached = self.num_cached_block
-        first = None
-        for i, r in enumerate(reqs):
-            lo = cached[r.request_id]
-            hi = (num_computed[i] + max_steps) // bs
-            if hi > lo and block_hash in r.block_hashes[lo:hi]:
-                j = r.block_hashes.index(block_hash, lo, hi)
-                s = (j + 1) * bs - num_computed[i]
-                first = s if first is None else min(first, s)
-        return first
-
-    def has_evictable_hits(self, blocks: Sequence[int]) -> bool:
-        """Whether any of these prefix-hit blocks sits in the free queue."""
-        ref = self.pool.ref_cnt
-        return 0 in map(ref.__getitem__, blocks)
-
     # -------------------------------------------------------------- private
 
     def _cache_full_blocks(self, req, blocks: list[int], num_tokens: int) -> None:
@@ -413,12 +258,3 @@ class KVCacheManager(PoolQueries):
             want = tuple(tokens[i * bs:(i + 1) * bs])
             if stored is not None and stored != want:
                 raise AssertionError(f"prefix hit on block {b} holds other tokens than request {req.request_id}")
-
-
-def _steps_in(first_steps: Sequence[int], first_step: int, last_step: int, bs: int) -> list[tuple[int, int]]:
-    """(first step >= ``first_step``, index) of each progression ``s0, s0 + bs, ...``
-    of ``first_steps`` that has a step within ``first_step..last_step``."""
-    if first_step == 1:
-        return [(s0, i) for i, s0 in enumerate(first_steps) if s0 <= last_step]
-    return [(s, i) for i, s0 in enumerate(first_steps)
-            if (s := s0 if s0 >= first_step else s0 + -(-(first_step - s0) // bs) * bs) <= last_step]
