@@ -9,6 +9,9 @@ manager (kv-semantics A1-A5, B1-B8, H3-H4, V5):
 * admit: ``get_computed_blocks`` then ``allocate_slots`` for the rest of the
   sequence; on success the request has computed every token and samples one;
 * append: one decode step, ``allocate_slots(req, 1)``, then sample a token;
+* decode step at once: one decode step of several requests in one call
+  (``allocate_decode_step``, the fast path's), checked against
+  ``allocate_slots(req, 1)`` for each in turn on a copy of the manager;
 * fork: a parallel sample shares every block (copy-on-write);
 * preempt: free everything, recompute later (re-admitted through ``admit``);
 * free: the request finishes.
@@ -20,6 +23,8 @@ evictions only ever take blocks with ref_cnt 0.
 """
 
 from __future__ import annotations
+
+import copy
 
 import hypothesis.strategies as st
 from hypothesis import given, settings
@@ -61,7 +66,8 @@ class FakeReq:
 
 class KVMachine(RuleBasedStateMachine):
     # Totals over every example run, to check the runs reach the interesting cases.
-    totals = {"hit_blocks": 0, "cow_copies": 0, "evictions": 0, "examples": 0}
+    totals = {"hit_blocks": 0, "cow_copies": 0, "evictions": 0, "examples": 0,
+              "at_once_pops": 0, "at_once_fills": 0, "at_once_refused": 0}
 
     @initialize(block_size=st.integers(2, 4), num_blocks=st.integers(5, 20),
                 alphabet=st.integers(2, 3), lifo=st.booleans(),
@@ -176,6 +182,14 @@ class KVMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.live)
     @rule(data=st.data())
+    def decode_step_at_once(self, data):
+        rids = data.draw(st.lists(st.sampled_from(sorted(self.live)), min_size=1, unique=True))
+        tokens = data.draw(st.lists(st.integers(0, self.alphabet - 1), min_size=len(rids),
+                                    max_size=len(rids)))
+        self.decode_step_of([self.live[rid] for rid in rids], tokens)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
     def fork(self, data):
         rid = data.draw(st.sampled_from(sorted(self.live)))
         self.fork_request(rid, data.draw(st.integers(0, self.alphabet - 1)))
@@ -221,6 +235,37 @@ class KVMachine(RuleBasedStateMachine):
         self._sample(req, token)
         self.prompts.append(list(req.tokens))
         self._record_prefixes()
+
+    def decode_step_of(self, reqs: list[FakeReq], tokens: list[int]) -> None:
+        if any(r.num_tokens >= MAX_LEN for r in reqs):
+            return
+        reference = copy.deepcopy(self.kv)
+        del reference.pool.get_new_blocks            # the plain method, not this machine's check
+        before = self._full_state(self.kv)
+        free = self.kv.get_num_free_blocks()
+        cached = sum(b is not None for b in self.pool.block_hash)
+        done = self.kv.allocate_decode_step(reqs, [r.num_computed_tokens for r in reqs])
+        one_by_one = all(reference.allocate_slots(r, 1) is not None for r in reqs)
+        if not done:
+            KVMachine.totals["at_once_refused"] += 1
+            assert self._full_state(self.kv) == before, "a refused step changed state"
+            # Refused only where the step path would preempt (or copy-on-write may run).
+            assert not one_by_one or self.kv._any_forks
+            return
+        assert one_by_one, "the step went at once where one request's blocks did not fit"
+        assert self._full_state(self.kv) == self._full_state(reference)
+        KVMachine.totals["at_once_pops"] += free - self.kv.get_num_free_blocks()
+        KVMachine.totals["at_once_fills"] += sum(b is not None for b in self.pool.block_hash) - cached
+        for r, token in zip(reqs, tokens):
+            self._sample(r, token)
+        self._record_prefixes()
+
+    @staticmethod
+    def _full_state(kv):
+        p = kv.pool
+        return (list(p.ref_cnt), list(p.block_hash), p.free_queue(), list(p._cached.items()),
+                list(p.block_tokens), {rid: list(b) for rid, b in kv.req_to_blocks.items()},
+                dict(kv.num_cached_block), list(kv.blocks_to_copy))
 
     def fork_request(self, rid: str, token: int) -> FakeReq:
         parent = self.live[rid]
@@ -313,9 +358,11 @@ def test_kv_manager_invariants_hold_under_random_operations():
     run_state_machine_as_test(
         KVMachine, settings=settings(max_examples=60, stateful_step_count=30, deadline=None,
                                      derandomize=True))
-    # The runs must reach prefix hits, copy-on-write and evictions, or they prove little.
+    # The runs must reach prefix hits, copy-on-write and evictions, and steps at
+    # once that pop, fill and are refused, or they prove little.
     t = KVMachine.totals
     assert t["examples"] >= 60 and t["hit_blocks"] > 0 and t["cow_copies"] > 0 and t["evictions"] > 0, t
+    assert t["at_once_pops"] > 0 and t["at_once_fills"] > 0 and t["at_once_refused"] > 0, t
 
 
 @settings(max_examples=100, deadline=None)

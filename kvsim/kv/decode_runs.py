@@ -12,7 +12,9 @@ are arithmetic progressions of steps, and a run's work is known up front:
   blocks would be taken (the scheduler's question: how many steps fit);
 * ``allocate_decode_steps``: steps ``first..last`` of the run, exactly as one
   ``allocate_slots(req, 1)`` per request per step would do them: the same
-  blocks popped in the same order, the same hashes stored in the same order.
+  blocks popped in the same order, the same hashes stored in the same order;
+* ``allocate_decode_step``: one such step, checked first (the scheduler's
+  plain decodes of a step that also has other work, sched/chunked_runs.py).
 
 A step of the run is named by its key ``step * num_seqs + index``: sorted,
 the keys are the step path's order (step by step, batch order within a step).
@@ -75,6 +77,36 @@ class DecodeRunSteps:
                 if rank == 0:
                     return lo, i
         raise AssertionError("unreachable: the step takes fewer blocks than counted")
+
+    def allocate_decode_step(self, reqs: Sequence, num_computed: Sequence[int]) -> bool:
+        """One decode step of ``reqs`` (one token each, from ``num_computed``):
+        what ``allocate_slots(req, 1)`` does for each, in this order, when the
+        blocks the step needs are all free. False, with nothing changed,
+        otherwise (the step path would preempt) or under copy-on-write.
+
+        ``allocate_decode_steps(reqs, num_computed, first, 1, 1)`` with the
+        feasibility check before it, in fewer passes: a request needs a block
+        exactly when its held blocks are full (``decode_run_first_allocations``
+        says step 1), and takes it in batch order.
+        """
+        if self._any_forks:
+            return False
+        bs = self.block_size
+        blocks_of = self.req_to_blocks
+        grow = [held for r, c in zip(reqs, num_computed)
+                if len(held := blocks_of[r.request_id]) * bs <= c]
+        if grow:
+            if len(grow) > self.pool.get_num_free_blocks():
+                return False
+            for held, block in zip(grow, self.pool.get_new_blocks(len(grow))):
+                held.append(block)
+        if self.enable_caching:
+            cached = self.num_cached_block
+            keys = _step_keys([(cached[r.request_id] + 1) * bs - c for r, c in zip(reqs, num_computed)],
+                              1, 1, bs, len(reqs))
+            if keys:
+                self._cache_decode_steps(reqs, num_computed, keys, 1)
+        return True
 
     def allocate_decode_steps(self, reqs: Sequence, num_computed: Sequence[int],
                               first_allocations: Sequence[int], first_step: int,
@@ -196,3 +228,13 @@ def _step_keys(first_steps: Sequence[int], first_step: int, last_step: int, bs: 
         keys.extend(range(s * num_seqs + i, end, stride))
     keys.sort()
     return keys
+
+
+def allocate_decode_step_by_run(kv, reqs: Sequence, num_computed: Sequence[int]) -> bool:
+    """``allocate_decode_step`` from a manager's run methods (the radix and
+    hybrid managers): step 1 of a run, when its blocks fit."""
+    first = kv.decode_run_first_allocations(reqs, num_computed)
+    if first is None or kv.nth_decode_run_allocation(first, kv.get_num_free_blocks() + 1, 1) is not None:
+        return False
+    kv.allocate_decode_steps(reqs, num_computed, first, 1, 1)
+    return True

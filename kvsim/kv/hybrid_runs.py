@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvsim.kv.decode_runs import allocate_decode_step_by_run
 from kvsim.kv.hybrid_counts import first_drop_step, ids_of, index_counts, table_shape
 from kvsim.specs.kv_groups import CHUNKED, FULL, MAMBA, SLIDING
 
@@ -160,6 +161,8 @@ class HybridDecodeRuns:
                 if s <= max_steps:
                     total += (max_steps - s) // bs + 1
         return total
+
+    allocate_decode_step = allocate_decode_step_by_run        # step 1 of a run, when it fits
 
     def allocate_decode_steps(self, reqs: Sequence, num_computed: Sequence[int],
                               plan: HybridRunPlan, first_step: int, last_step: int) -> list[int]:

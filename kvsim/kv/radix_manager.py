@@ -54,6 +54,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kvsim.kv.decode_runs import allocate_decode_step_by_run
 from kvsim.kv.manager import KVCacheManager
 from kvsim.kv.radix_pool import RadixKVPool, RadixRequest
 
@@ -275,6 +276,7 @@ class RadixKVManager:
 
     # The same arithmetic as the hash strategy's, in pages (it reads only ``block_size``).
     nth_decode_run_allocation = KVCacheManager.nth_decode_run_allocation
+    allocate_decode_step = allocate_decode_step_by_run
 
     def allocate_decode_steps(self, reqs: Sequence, num_computed: Sequence[int],
                               first_allocations: Sequence[int], first_step: int,

@@ -97,7 +97,7 @@ class ChunkedDecodeRuns:
         each decodes one token (``_leading_decodes``), the budget covers them,
         and every block they need is free (no preemption), so the loop would
         give each one token and call ``allocate_slots(req, 1)`` on each, in
-        order -- which is what ``kv.allocate_decode_steps`` does for one step.
+        order -- which is what ``kv.allocate_decode_step`` does.
         The loop goes on from the first request after them (a prefill chunk,
         usually the newest). The engine turns this on with its fast path
         only (``decodes_at_once``), so the step-by-step path stays the plain
@@ -112,11 +112,8 @@ class ChunkedDecodeRuns:
         if not k or k > budget.room:
             return 0
         reqs = self.running if k == len(self.running) else self.running[:k]
-        kv = self.kv
-        first = kv.decode_run_first_allocations(reqs, computed)
-        if first is None or kv.nth_decode_run_allocation(first, kv.get_num_free_blocks() + 1, 1) is not None:
+        if not self.kv.allocate_decode_step(reqs, computed):
             return 0
-        kv.allocate_decode_steps(reqs, computed, first, 1, 1)
         plan.scheduled += [(r, 1, c) for r, c in zip(reqs, computed)]
         budget.take(k)
         return k
