@@ -45,6 +45,7 @@ Block 0 is the null block: never queued, never freed, never cached
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from operator import itemgetter
 
 NULL_BLOCK_ID = 0
 
@@ -244,6 +245,36 @@ class BlockPool:
         if to_head:
             self._prepend(to_head)
         self._num_free += len(to_tail) + len(to_head)
+
+    def free_request_blocks(self, blocks: list[int], num_unhashed: int) -> None:
+        """``free_blocks(blocks)`` for one request's blocks, tail first, of which
+        the first ``num_unhashed`` hold no hash and the others do.
+
+        The manager knows the split: a request's blocks are hashed from its
+        first on (A4, ``num_cached_block``). When no block is shared (every
+        ref_cnt is 1), all of them reach 0 and go to the queue as two slices,
+        the unhashed to the head (with ``lifo_unhashed``) and the rest to the
+        tail, which is what the block-by-block loop does; otherwise it runs.
+        """
+        n = len(blocks)
+        ref = self.ref_cnt
+        if n < 2 or itemgetter(*blocks)(ref).count(1) != n:
+            self.free_blocks(blocks)
+            return
+        if self.debug:
+            block_hash = self.block_hash
+            if any((block_hash[b] is None) != (i < num_unhashed) for i, b in enumerate(blocks)):
+                raise AssertionError(f"free_request_blocks: the first {num_unhashed} of "
+                                     f"{blocks} are not exactly the unhashed ones")
+        for b in blocks:
+            ref[b] = 0
+        if self.lifo_unhashed and num_unhashed:
+            if num_unhashed < n:
+                self._queue += blocks[num_unhashed:]
+            self._prepend(blocks[:num_unhashed])
+        else:
+            self._queue += blocks
+        self._num_free += n
 
     def cache_full_blocks(self, blocks: Sequence[int], block_hashes: Sequence[int],
                           num_cached_blocks: int, num_full_blocks: int,

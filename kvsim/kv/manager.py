@@ -188,9 +188,15 @@ class KVCacheManager(PoolQueries, DecodeRunSteps):
     def free(self, req) -> None:
         """Return all of ``req``'s blocks, tail block first (B6)."""
         blocks = self.req_to_blocks.pop(req.request_id, None)
-        self.num_cached_block.pop(req.request_id, None)
-        if blocks:
+        num_cached = self.num_cached_block.pop(req.request_id, None)
+        if not blocks:
+            return
+        if self._any_forks or num_cached is None:
             self.pool.free_blocks(blocks[::-1])
+        else:
+            # Its first num_cached blocks hold their hash, the others none (A4);
+            # a fork may hash a block its parent holds past its own count.
+            self.pool.free_request_blocks(blocks[::-1], len(blocks) - num_cached)
 
     def fork(self, parent, child) -> None:
         """Let ``child`` share all of ``parent``'s blocks (copy-on-write, V5).
