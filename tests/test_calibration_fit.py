@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from kvsim.cli import main as kvsim_main
-from kvsim.cost.features import decode_attention_work, prefill_attention_work, rank_shapes
+from kvsim.cost.attention_work import decode_attention_work, prefill_attention_work
+from kvsim.cost.features import rank_shapes
 from kvsim.cost.fit import fit_profile, heldout_by_key
 from kvsim.cost.nnls import fit_roofline_op, nnls
 from kvsim.specs import load_gpu, load_model

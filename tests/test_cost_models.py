@@ -9,7 +9,8 @@ import pytest
 
 from kvsim.cost import BatchShape, ConstantCostModel, build_cost_model, step_time_function
 from kvsim.cost.base import decode_run_function
-from kvsim.cost.features import decode_attention_work, prefill_attention_work, rank_shapes
+from kvsim.cost.attention_work import decode_attention_work, prefill_attention_work
+from kvsim.cost.features import rank_shapes
 from kvsim.cost.fitted import PROFILE_DIR, load_profile
 from kvsim.cost.step_model import _SCALAR_DECODE_RUN
 from kvsim.specs import list_gpus, list_models, load_gpu, load_model

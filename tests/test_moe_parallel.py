@@ -167,7 +167,7 @@ def test_mla_decode_runs_in_the_latent_space():
 
 
 def test_mla_prefill_up_projects_the_cached_context():
-    from kvsim.cost.features import prefill_attention_work
+    from kvsim.cost.attention_work import prefill_attention_work
     shapes = rank_shapes(DSV3, 8)
     f0, b0 = prefill_attention_work(shapes, 512, 0)
     f1, b1 = prefill_attention_work(shapes, 512, 1000)

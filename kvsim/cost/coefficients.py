@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvsim.cost.features import (RankShapes, causal_attention_flops, decode_attention_work,
-                                 prefill_attention_work, prefill_wave_keys)
+from kvsim.cost.attention_work import (causal_attention_flops, decode_attention_work, prefill_attention_work,
+                                       prefill_wave_keys)
+from kvsim.cost.features import RankShapes
 
 
 @dataclass(frozen=True)

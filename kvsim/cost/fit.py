@@ -27,8 +27,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from kvsim.cost.features import (LINEAR_OPS, RankShapes, decode_attention_work, prefill_attention_work,
-                                 rank_shapes)
+from kvsim.cost.attention_work import decode_attention_work, prefill_attention_work
+from kvsim.cost.features import LINEAR_OPS, RankShapes, rank_shapes
 from kvsim.cost.fit_errors import (FitPart, ape_stats, coef_dict, column, heldout_by_key,
                                    heldout_mask)
 from kvsim.cost.fit_parts import (fit_gemm, fit_hinge, fit_mixed_decode, fit_num_sms,

@@ -11,8 +11,8 @@ import dataclasses
 
 import numpy as np
 
-from kvsim.cost.features import (SAMPLED_OPS, RankShapes, causal_attention_flops, decode_attention_work,
-                                 prefill_wave_keys, rank_shapes)
+from kvsim.cost.attention_work import causal_attention_flops, decode_attention_work, prefill_wave_keys
+from kvsim.cost.features import SAMPLED_OPS, RankShapes, rank_shapes
 from kvsim.cost.fit_errors import FitPart, coef_dict, column, heldout_mask
 from kvsim.cost.nnls import fit_roofline_op, relative_nnls
 from kvsim.cost.roofline import roofline_cost_model
