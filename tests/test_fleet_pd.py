@@ -69,7 +69,7 @@ def test_two_requests_prefilled_together_pulled_one_after_the_other():
     fleet, out = run([spec("A", 0.0, range(1, 9), 3), spec("B", 0.0, range(101, 107), 2)])
     p, d = out.replicas
     a, b = done_by_id(d)["A"], done_by_id(d)["B"]
-    assert a.token_times == [4.5, 5.5, 6.5] and b.token_times == [7.5, 8.5]
+    assert list(a.token_times) == [4.5, 5.5, 6.5] and list(b.token_times) == [7.5, 8.5]
     assert (a.arrival_time, a.first_token_time, a.finish_time) == (0.0, 4.5, 6.5)
     assert (b.first_token_time, b.finish_time) == (7.5, 8.5)
     ta, tb = out.transfers["A"], out.transfers["B"]

@@ -45,7 +45,7 @@ def test_each_step_verifies_k_drafts_reserves_lookahead_slots_and_rolls_rejectio
     # 6 + 2 lookahead slots; step 3 rejects both drafts but keeps its 4th block.
     assert rows == [(6, 0, 6, 1, 2), (3, 2, 9, 4, 3), (3, 2, 10, 5, 4), (3, 2, 12, 7, 4),
                     (3, 2, 15, 10, "freed")]
-    assert a.token_times == [1, 2, 2, 2, 3, 4, 4, 5, 5, 5]
+    assert list(a.token_times) == [1, 2, 2, 2, 3, 4, 4, 5, 5, 5]
 
 
 def test_ngram_reserves_no_lookahead_slots():

@@ -34,6 +34,8 @@ preemption (the swap-in lookahead is not modelled).
 
 from __future__ import annotations
 
+from array import array
+
 from kvsim.sched.base import DecodeRun, StepPlan
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.continuous import ContinuousScheduler
@@ -113,10 +115,11 @@ class MultiStepScheduler(ContinuousScheduler):
         if not 1 <= num_steps <= run.max_steps or len(token_times) != num_steps:
             raise ValueError(f"apply_decode_run: {num_steps} steps of a run of {run.max_steps} "
                              f"with {len(token_times)} token times")
+        times = array("d", token_times)         # converted once (Request.token_times)
         for r in run.requests:
             r.num_computed_tokens += num_steps
             r.num_output_tokens += num_steps
-            r.token_times.extend(token_times)
+            r.token_times.extend(times)
         run.free_after = [run.num_free_blocks] * num_steps
         self._steps_left -= num_steps
         return self._end_window(token_times[-1]) if self._steps_left == 0 else []
@@ -156,7 +159,10 @@ class MultiStepScheduler(ContinuousScheduler):
         finished = []
         for req in self._window:
             start = self._burst_start.pop(req.request_id)
-            req.token_times[start:] = [now] * (len(req.token_times) - start)
+            times = req.token_times                  # the burst's tokens all arrive now
+            burst = len(times) - start
+            del times[start:]
+            times.extend([now] * burst)
             if req.num_tokens >= req.final_num_tokens:
                 finished.append(req)
                 self._unseen.pop(req.request_id, None)

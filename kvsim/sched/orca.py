@@ -28,6 +28,8 @@ Free "blocks" are reported as free slots / block size, as for ``static``.
 
 from __future__ import annotations
 
+from array import array
+
 from kvsim.kv.contiguous import ContiguousAllocator
 from kvsim.sched.base import DecodeRun, StepPlan, commit_scheduled, record_admission, sample_tokens
 from kvsim.sched.config import SchedulerConfig
@@ -139,10 +141,11 @@ class OrcaScheduler(QueuedRequests):
             raise ValueError(f"apply_decode_run: {num_steps} steps of a run of {run.max_steps} "
                              f"with {len(token_times)} token times")
         finished = []
+        times = array("d", token_times)         # converted once (Request.token_times)
         for r in run.requests:
             r.num_computed_tokens += num_steps
             r.num_output_tokens += num_steps
-            r.token_times.extend(token_times)
+            r.token_times.extend(times)
             self.alloc.set_used(r.request_id, r.num_computed_tokens)
             if r.num_tokens >= r.final_num_tokens:
                 finished.append(r)

@@ -12,6 +12,8 @@ go. *Which* steps may be skipped is each scheduler's own rule
 
 from __future__ import annotations
 
+from array import array
+
 from kvsim.sched.base import DecodeRun
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.queues import QueuedRequests
@@ -149,10 +151,11 @@ class PagedScheduler(QueuedRequests):
         self.sync_decode_run(run, num_steps)
         finished = []
         k = num_steps
+        times = array("d", token_times)         # converted once: each request copies the doubles
         for r in run.requests:
             r.num_computed_tokens += k
             r.num_output_tokens = out = r.num_output_tokens + k
-            r.token_times.extend(token_times)
+            r.token_times.extend(times)
             if r.prompt_len + out >= r.final_num_tokens:      # is_finished
                 finished.append(r)
         finished = self.finish_requests(finished, token_times[-1])
