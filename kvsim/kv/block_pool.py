@@ -240,15 +240,11 @@ class BlockPool:
                 if b != NULL_BLOCK_ID:
                     raise AssertionError(f"block {b}: ref_cnt went negative")
                 ref[b] = 0                        # the null block is never freed nor counted (B2)
-        if to_tail:
-            self._queue += to_tail
-        if to_head:
-            self._prepend(to_head)
-        self._num_free += len(to_tail) + len(to_head)
+        self._requeue(to_tail, to_head)
 
     def free_request_blocks(self, blocks: list[int], num_unhashed: int) -> None:
-        """``free_blocks(blocks)`` for one request's blocks, tail first, of which
-        the first ``num_unhashed`` hold no hash and the others do.
+        """``free_blocks(blocks)`` (B6, B7) for one request's blocks, tail first,
+        of which the first ``num_unhashed`` hold no hash and the others do.
 
         The manager knows the split: a request's blocks are hashed from its
         first on (A4, ``num_cached_block``). When no block is shared (every
@@ -269,12 +265,18 @@ class BlockPool:
         for b in blocks:
             ref[b] = 0
         if self.lifo_unhashed and num_unhashed:
-            if num_unhashed < n:
-                self._queue += blocks[num_unhashed:]
-            self._prepend(blocks[:num_unhashed])
+            self._requeue(blocks[num_unhashed:], blocks[:num_unhashed])
         else:
-            self._queue += blocks
-        self._num_free += n
+            self._requeue(blocks, ())
+
+    def _requeue(self, to_tail: list[int], to_head) -> None:
+        """Blocks that reached ref_cnt 0: hashed ones to the tail (B6), unhashed
+        ones to the head with ``lifo_unhashed`` (B7), each keeping its order."""
+        if to_tail:
+            self._queue += to_tail
+        if to_head:
+            self._prepend(to_head)
+        self._num_free += len(to_tail) + len(to_head)
 
     def cache_full_blocks(self, blocks: Sequence[int], block_hashes: Sequence[int],
                           num_cached_blocks: int, num_full_blocks: int,
