@@ -206,8 +206,7 @@ class Fleet:
                 raise ValueError("a closed loop (concurrency) is not an independent workload")
             with collector_paused():             # kvsim/sim/gc_pause.py
                 self._separate_run.run(specs)
-            for replica in self.replicas:
-                replica.close()
+            self._close()
             return FleetRun(self.replicas, self.infos, self.pools, self.router, self.num_routed)
         self.frontend = Frontend(self.env, specs, self.submit, concurrency=concurrency)
         self.frontend.start()
@@ -215,13 +214,24 @@ class Fleet:
             replica.start()
         with collector_paused():                 # kvsim/sim/gc_pause.py
             self.env.run()
-        for replica in self.replicas:
-            replica.close()
         self.frontend.check_all_sent()
+        self._close()
         if not self.disaggregated:
             return FleetRun(self.replicas, self.infos, self.pools, self.router, self.num_routed)
         return FleetRun(self.replicas, self.infos, self.pools, self.router, self.num_routed,
                         transfers=self.transfers, prefill_failed=self.prefill_failed)
+
+    def _close(self) -> None:
+        """The run is over: close every replica (Engine.close) and drop the back references
+        (the front end's and the separate run's to the fleet, a prefill connector's to its
+        engine), so that a finished fleet is freed by reference counting, untraced by the
+        collector (kvsim/sim/gc_pause.py)."""
+        for replica in self.replicas:
+            replica.close()
+        for conn in self.connectors:
+            if isinstance(conn, PrefillSide):
+                conn.engine = None
+        self.frontend = self._separate_run = None
 
 
 def _nothing_waits(_req) -> None:

@@ -26,6 +26,7 @@ from kvsim.scenario.loader import LoadedScenario, load_scenario
 from kvsim.scenario.schema import ScenarioError
 from kvsim.scenario.result import Result, itl_seconds, requests_frame, steps_frame
 from kvsim.sim.engine import EngineStats
+from kvsim.sim.gc_pause import collector_paused
 from kvsim.workload import build_workload
 
 _POOL_SECTIONS = ("model", "hardware", "engine", "cost_model")
@@ -136,10 +137,14 @@ def simulate_cluster(scenario, *, overrides=None, fast_path: bool = True, trace=
     # Requests that wait on none (and no closed loop): replicas behind a router that reads
     # no replica state are simulated one at a time (kvsim/fleet/separate.py, same results).
     independent = workload.independent and workload.concurrency is None
-    fleet = Fleet(plans, cluster, seed=sc.seed, fast_path=fast_path, trace=trace, progress=hook,
-                  independent=independent)
-    run = fleet.run(workload.requests(), concurrency=workload.concurrency)
-    return collect_fleet(run, sc, cluster)
+    # The collector stays paused until the tables are built (the result keeps the replicas,
+    # for its files; Fleet._close leaves them in no reference cycle).
+    with collector_paused():
+        fleet = Fleet(plans, cluster, seed=sc.seed, fast_path=fast_path, trace=trace, progress=hook,
+                      independent=independent)
+        run = fleet.run(workload.requests(), concurrency=workload.concurrency)
+        del fleet
+        return collect_fleet(run, sc, cluster)
 
 
 def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig) -> FleetResult:

@@ -12,6 +12,7 @@ from kvsim.scenario.loader import LoadedScenario, load_scenario
 from kvsim.scenario.result import RUN_FILES, Result, itl_seconds, requests_frame, steps_frame
 from kvsim.sched.request import Request
 from kvsim.sim.engine import Engine
+from kvsim.sim.gc_pause import collector_paused
 from kvsim.sim.run import run_engine
 from kvsim.workload import build_workload
 
@@ -38,6 +39,15 @@ def simulate(scenario, *, trace=None, overrides=None, fast_path: bool = True,
         from kvsim.scenario.cluster import simulate_cluster
         return simulate_cluster(sc, fast_path=fast_path, trace=trace, progress=progress,
                                 streaming=streaming)
+    # The collector stays paused until the tables are built and the engine is gone
+    # (freed by reference counting: Engine.close), so it never traces the run's objects.
+    with collector_paused():
+        return _simulate_engine(sc, trace=trace, fast_path=fast_path, streaming=streaming,
+                                progress=progress)
+
+
+def _simulate_engine(sc: LoadedScenario, *, trace, fast_path: bool, streaming: bool | None,
+                     progress) -> Result:
     rng = np.random.default_rng(sc.seed)
     # A prompt of max_model_len tokens or more is refused on arrival: not spelled out.
     workload = build_workload(sc.workload, rng=rng, base_dir=sc.base_dir,

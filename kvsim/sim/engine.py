@@ -51,6 +51,11 @@ class _RunInFlight:
     num_steps: int              # steps it will apply (cut by a submit)
 
 
+def _closed() -> bool:
+    """``more_input`` and ``next_input_time`` of a closed engine (never called)."""
+    raise RuntimeError("the engine is closed: its simulation is over")
+
+
 class Engine(EngineRecords):
     """One serving engine replica driven by SimPy.
 
@@ -115,13 +120,15 @@ class Engine(EngineRecords):
         self._reported_finished = False
         self._in_flight: _RunInFlight | None = None
         self._process: simpy.Process | None = None
+        self._generator = None                      # the process's generator (closed by close())
 
     # ------------------------------------------------------------ public
 
     def start(self) -> None:
         """Start the engine process (once)."""
         if self._process is None:
-            self._process = self.env.process(self._loop())
+            self._generator = self._loop()
+            self._process = self.env.process(self._generator)
 
     def submit(self, spec: RequestSpec, arrival_time: float, index: int) -> None:
         """A request reaches the engine now; n > 1 fans out into n samples (indices
@@ -173,11 +180,25 @@ class Engine(EngineRecords):
             self._wake.succeed()
 
     def close(self) -> None:
-        """The simulation is over: hand what is left to the sink."""
+        """The simulation is over: hand what is left to the sink, and let go of the
+        process and of the callbacks into the front end (or fleet).
+
+        Those are the run's reference cycles: the engine holds its process,
+        whose suspended generator holds the engine, and ``on_done`` /
+        ``more_input`` reach the front end, whose ``submit`` reaches the
+        engine. Without them the finished engine and everything it holds are
+        freed by reference counting when its caller lets go, and the
+        collector, paused during the run (kvsim/sim/gc_pause.py), has nothing
+        of it to trace.
+        """
         if self.sink is not None:
             self.sink.add_done(self.done)
             self.done = []
             self._flush_steps()
+        if self._generator is not None:
+            self._generator.close()                 # GeneratorExit at its last yield
+        self.on_done = self.progress = None
+        self._more_input = self._next_input_time = _closed
 
     def stats(self) -> EngineStats:
         return EngineStats(num_steps=self.steps.next_step, num_run_steps=self.num_run_steps,
