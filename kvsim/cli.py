@@ -94,11 +94,34 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"kvsim {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        if interrupt_behind(exc) is None:
+            raise
+        print(f"kvsim {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
     if (as_program and getattr(args, "exit_without_cleanup", False)
             and sys.getprofile() is None and sys.gettrace() is None):
         # (Under a profiler or coverage tool, exit normally: they write at exit.)
         exit_without_cleanup(code)
     return code
+
+
+def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C (or SIGTERM raised as one) that ``exc`` comes from, or None.
+
+    A signal that lands while a class body is being built reaches the caller
+    wrapped: a lazy import of a pydantic model interrupted there raises
+    ``RuntimeError: Error calling __set_name__ ...`` with the
+    KeyboardInterrupt as its cause. An error raised while the interrupt
+    unwinds the stack has it as its context.
+    """
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def exit_without_cleanup(code: int) -> NoReturn:

@@ -39,3 +39,49 @@ def test_a_failing_run_still_exits_with_status_2(tmp_path):
     done = kvsim("run", str(scenario))
     assert done.returncode == 2
     assert "no-such-model" in done.stderr
+
+
+def _interrupted_inside_a_class_body():
+    """What pydantic raises when Ctrl-C lands while a model class is built (a lazy import)."""
+    try:
+        raise KeyboardInterrupt
+    except KeyboardInterrupt as exc:
+        raise RuntimeError("Error calling __set_name__ on 'PydanticDescriptorProxy'") from exc
+
+
+def test_interrupt_behind_finds_a_wrapped_ctrl_c():
+    from kvsim.cli import interrupt_behind
+    try:
+        _interrupted_inside_a_class_body()
+    except RuntimeError as exc:
+        assert isinstance(interrupt_behind(exc), KeyboardInterrupt)
+    assert interrupt_behind(RuntimeError("a real error")) is None
+    try:
+        try:
+            raise ValueError("first")
+        except ValueError as first:
+            raise RuntimeError("second") from first
+    except RuntimeError as exc:
+        assert interrupt_behind(exc) is None
+
+
+def test_a_ctrl_c_wrapped_by_a_lazy_import_ends_the_run_as_an_interrupt(monkeypatch, capsys, tmp_path):
+    # Seen in tests/test_cli_faults.py (cluster-ctrl-c) when SIGINT arrived while
+    # kvsim.fleet.config was being imported: a traceback instead of status 130.
+    import importlib
+
+    from kvsim.cli import main
+    module = importlib.import_module("kvsim.scenario.simulate")   # the package exports the function
+
+    def simulate(*_args, **_kwargs):
+        _interrupted_inside_a_class_body()
+
+    monkeypatch.setattr(module, "simulate", simulate)
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(SCENARIO))
+    code = main(["run", str(path), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 130
+    assert "interrupted (Ctrl-C); no file was left half-written" in err
+    assert "Traceback" not in err
+    assert not list(tmp_path.glob("out/*"))              # nothing written

@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from kvsim.cli import interrupt_behind
+
 INTERRUPTED = 130                       # 128 + SIGINT, what shells report for Ctrl-C
 
 
@@ -64,8 +66,11 @@ def run_command(args: argparse.Namespace) -> int:
     with _sigterm_as_interrupt():
         try:
             return _run(args)
-        except KeyboardInterrupt as exc:
-            why = "SIGTERM" if isinstance(exc, Interrupted) else "Ctrl-C"
+        except BaseException as exc:
+            interrupt = interrupt_behind(exc)          # also one wrapped by a lazy import
+            if interrupt is None:
+                raise
+            why = "SIGTERM" if isinstance(interrupt, Interrupted) else "Ctrl-C"
             print(f"kvsim run: interrupted ({why}); no file was left half-written", file=sys.stderr)
             return INTERRUPTED
 
