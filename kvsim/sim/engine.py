@@ -300,7 +300,7 @@ class Engine(EngineRecords):
                 # Nothing to run: the loop waits for input, no step is taken.
                 self._inbox.nothing_ahead()
                 self._reported_finished = False
-                if not self._progress_possible():
+                if self._stuck(plan):
                     self._fail_unschedulable()
                 return
         if plan.is_empty:
@@ -331,7 +331,7 @@ class Engine(EngineRecords):
             self.queue_limits.outputs(plan.scheduled)      # first tokens leave the prefill backlog
         self._record(plan, finished, start, duration)
         self._finish(finished)
-        if plan.is_empty and not self._progress_possible():
+        if plan.is_empty and self._stuck(plan):
             self._fail_unschedulable()
 
     def _decode_run(self, run: DecodeRun, times: list[float], durations: list[float]):
@@ -379,6 +379,13 @@ class Engine(EngineRecords):
         self._reported_finished = bool(finished)
         if self.sink is not None and len(self.steps) >= self.flush_every:
             self._flush_steps()
+
+    def _stuck(self, plan) -> bool:
+        """An empty step after which nothing can change: nothing runs and the waiting head
+        could not start. Not after a step that preempted: it admits nothing (S3), but
+        the next step sees the blocks it freed (a P/D decode replica whose only running
+        request was preempted for a loaded request's blocks runs that one next)."""
+        return not plan.preempted and not self._progress_possible()
 
     def _progress_possible(self) -> bool:
         running, waiting = self.scheduler.get_request_counts()
