@@ -129,6 +129,32 @@ def test_single_request_trace_arrives_at_zero(tmp_path):
     assert rows({"format": "azure", "path": "one.csv"}, base_dir=tmp_path) == [(0.0, 5, 6)]
 
 
+def test_a_trace_read_again_is_the_same_and_an_edited_one_is_read_again(tmp_path, monkeypatch):
+    # A sweep reads its trace at every point: the parsed file is kept (traces._read_once).
+    from kvsim.workload import traces
+    calls = []
+    real = traces.read_vidur
+    monkeypatch.setattr(traces, "read_vidur", lambda path: calls.append(path) or real(path))
+    path = tmp_path / "t.csv"
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.5,30,1\n1.5,10,2\n")
+    trace = {"format": "vidur", "path": "t.csv"}
+    first = rows(trace, base_dir=tmp_path)
+    assert rows(trace, base_dir=tmp_path) == first == [(0.0, 30, 1), (1.0, 10, 2)]
+    assert rows({**trace, "max_requests": 1}, base_dir=tmp_path) == [(0.0, 30, 1)]
+    assert len(calls) == 1
+    path.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.5,30,1\n2.5,10,3\n3.5,4,4\n")
+    assert rows(trace, base_dir=tmp_path) == [(0.0, 30, 1), (2.0, 10, 3), (3.0, 4, 4)]
+    assert len(calls) == 2
+    kept = next(t for t in traces._TABLES.values() if len(t) == 3)
+    with pytest.raises(ValueError):
+        kept.num_output_tokens[0] = 7                # read-only: no run can change another's trace
+    for k in range(traces._MAX_TABLES + 2):
+        other = tmp_path / f"o{k}.csv"
+        other.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.5,30,1\n")
+        rows({"format": "vidur", "path": other.name}, base_dir=tmp_path)
+    assert len(traces._TABLES) == traces._MAX_TABLES
+
+
 def test_trace_with_all_requests_at_one_time_keeps_file_order(tmp_path):
     lines = "".join(f"7.5,{p},1\n" for p in (30, 10, 20))
     (tmp_path / "same.csv").write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n" + lines)

@@ -91,13 +91,45 @@ def read_trace(config: TraceConfig, *, base_dir: Path | None, yaml_path: str = "
     reader = {"azure": read_azure, "mooncake": read_mooncake,
               "vidur": read_vidur, "sharegpt": read_sharegpt}[config.format]
     try:
-        table = reader(path)
+        table = _read_once(reader, path, config.format)
     except UnicodeDecodeError as exc:
         raise ValueError(not_text_error(f"{yaml_path}.path", path, exc, config.format)) from None
     except pd.errors.ParserError as exc:
         raise ValueError(f"{yaml_path}.path = {str(path)!r}: not a readable {config.format} "
                          f"CSV ({' '.join(str(exc).split())})") from None
     return select(table, config)
+
+
+# A sweep reads the same trace at every point (W3: 100 reads of one CSV, ~3% of
+# the sweep). The parsed table of each of the last few files is kept for the
+# process, keyed by the file's identity and version (path, inode, size,
+# modification time: an edited file is read again); files over the size limit
+# are read every time, so a huge trace is not held after its run. ``select``
+# copies the rows it keeps; the kept table's arrays are read-only besides.
+_TABLES: dict[tuple, TraceTable] = {}
+_MAX_TABLES = 4
+_MAX_CACHED_BYTES = 64 << 20
+
+
+def _read_once(reader, path: Path, fmt: str) -> TraceTable:
+    try:
+        st = path.stat()
+    except OSError:
+        return reader(path)                 # the reader names the file in its error
+    if st.st_size > _MAX_CACHED_BYTES:
+        return reader(path)
+    key = (fmt, str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+    table = _TABLES.pop(key, None)
+    if table is None:
+        table = reader(path)
+        for array in (table.arrival_time_s, table.num_prompt_tokens, table.num_output_tokens,
+                      table.after, table.delay_s):
+            if array is not None:
+                array.flags.writeable = False
+        while len(_TABLES) >= _MAX_TABLES:
+            del _TABLES[next(iter(_TABLES))]        # the least recently read
+    _TABLES[key] = table                            # now the most recent
+    return table
 
 
 def not_text_error(yaml_path: str, path: Path, exc: UnicodeDecodeError, what: str) -> str:
