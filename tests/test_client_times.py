@@ -19,23 +19,23 @@ def one_request(**engine) -> dict:
 
 
 def test_stream_interval_one_sends_every_output():
-    assert stream_interval_times([1.0, 2.0, 3.0], 1) == [1.0, 2.0, 3.0]
+    assert list(stream_interval_times([1.0, 2.0, 3.0], 1)) == [1.0, 2.0, 3.0]
 
 
 def test_stream_interval_sends_the_first_then_every_kth_unsent_token_and_the_last():
     # vLLM OutputProcessor: first output; then when >= 3 tokens are unsent; then the finish.
-    assert stream_interval_times([1, 2, 3, 4, 5, 6, 7], 3) == [1, 4, 4, 4, 7, 7, 7]
-    assert stream_interval_times([1, 2, 3, 4, 5], 2) == [1, 3, 3, 5, 5]
+    assert list(stream_interval_times([1, 2, 3, 4, 5, 6, 7], 3)) == [1, 4, 4, 4, 7, 7, 7]
+    assert list(stream_interval_times([1, 2, 3, 4, 5], 2)) == [1, 3, 3, 5, 5]
 
 
 def test_stream_interval_counts_tokens_not_outputs_when_a_step_makes_several():
     # Outputs of 1, 3, 2 and 1 tokens (speculative decoding), k = 4: the second output leaves
     # 3 tokens unsent (< 4) and waits; the third makes 5 unsent and goes.
-    assert stream_interval_times([1, 2, 2, 2, 3, 3, 4], 4) == [1, 3, 3, 3, 3, 3, 4]
+    assert list(stream_interval_times([1, 2, 2, 2, 3, 3, 4], 4)) == [1, 3, 3, 3, 3, 3, 4]
 
 
 def test_a_single_token_request_is_unchanged():
-    assert stream_interval_times([5.0], 8) == [5.0]
+    assert list(stream_interval_times([5.0], 8)) == [5.0]
 
 
 def test_stream_interval_keeps_ttft_tpot_and_e2el_and_counts_one_itl_per_message():

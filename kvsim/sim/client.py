@@ -15,8 +15,11 @@ so tokens that share a time are one message and add no inter-token gap
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Sequence
 
-def stream_interval_times(token_times: list[float], stream_interval: int) -> list[float]:
+
+def stream_interval_times(token_times: Sequence[float], stream_interval: int) -> array:
     """Per-token times as the client sees them with ``stream_interval`` k.
 
     vLLM V1 (``vllm/v1/engine/output_processor.py``, ``RequestState.make_request_output``,
@@ -30,11 +33,12 @@ def stream_interval_times(token_times: list[float], stream_interval: int) -> lis
     ``token_times`` holds one time per token, in order; consecutive equal
     times are one engine output. The request is taken to have finished with
     its last token (only completed requests are shown to the client this way).
+    Returns an ``array('d')``, the type of ``Request.token_times``.
     """
     n = len(token_times)
     if stream_interval <= 1 or n <= 1:
-        return list(token_times)
-    out = list(token_times)
+        return array("d", token_times)
+    out = array("d", token_times)
     sent = 0                     # sent_tokens_offset
     i = 0
     while i < n:
