@@ -153,6 +153,10 @@ def test_a_trace_read_again_is_the_same_and_an_edited_one_is_read_again(tmp_path
         other.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.5,30,1\n")
         rows({"format": "vidur", "path": other.name}, base_dir=tmp_path)
     assert len(traces._TABLES) == traces._MAX_TABLES
+    monkeypatch.setattr(traces, "_MAX_CACHED_BYTES", 3 * other.stat().st_size)
+    rows({"format": "vidur", "path": other.name}, base_dir=tmp_path)      # kept, most recent
+    rows({"format": "vidur", "path": "o0.csv"}, base_dir=tmp_path)        # read again
+    assert len(traces._TABLES) <= 3                                     # within the byte budget
 
 
 def test_trace_with_all_requests_at_one_time_keeps_file_order(tmp_path):

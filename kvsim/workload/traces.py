@@ -101,14 +101,16 @@ def read_trace(config: TraceConfig, *, base_dir: Path | None, yaml_path: str = "
 
 
 # A sweep reads the same trace at every point (W3: 100 reads of one CSV, ~3% of
-# the sweep). The parsed table of each of the last few files is kept for the
-# process, keyed by the file's identity and version (path, inode, size,
-# modification time: an edited file is read again); files over the size limit
-# are read every time, so a huge trace is not held after its run. ``select``
-# copies the rows it keeps; the kept table's arrays are read-only besides.
+# the sweep). The parsed tables of the last few files are kept for the process,
+# keyed by the file's identity and version (path, inode, size, modification
+# time: an edited file is read again), at most 32 MiB of files in all: a parsed
+# table is up to ~4x its file (a Mooncake trace's block-id lists), so what is
+# kept stays under ~130 MB, and a larger trace is read every time. ``select``
+# copies the rows it keeps; the kept arrays are read-only, and nothing writes
+# the kept block-id lists (requests hash them, ``kvsim.kv.hashing``).
 _TABLES: dict[tuple, TraceTable] = {}
 _MAX_TABLES = 4
-_MAX_CACHED_BYTES = 64 << 20
+_MAX_CACHED_BYTES = 32 << 20
 
 
 def _read_once(reader, path: Path, fmt: str) -> TraceTable:
@@ -122,12 +124,14 @@ def _read_once(reader, path: Path, fmt: str) -> TraceTable:
     table = _TABLES.pop(key, None)
     if table is None:
         table = reader(path)
-        for array in (table.arrival_time_s, table.num_prompt_tokens, table.num_output_tokens,
-                      table.after, table.delay_s):
-            if array is not None:
-                array.flags.writeable = False
-        while len(_TABLES) >= _MAX_TABLES:
-            del _TABLES[next(iter(_TABLES))]        # the least recently read
+        for column in (table.arrival_time_s, table.num_prompt_tokens, table.num_output_tokens,
+                       table.after, table.delay_s):
+            if column is not None:
+                column.flags.writeable = False
+        # The least recently read go first (key[3]: the file's size).
+        while _TABLES and (len(_TABLES) >= _MAX_TABLES or
+                           sum(k[3] for k in _TABLES) + st.st_size > _MAX_CACHED_BYTES):
+            del _TABLES[next(iter(_TABLES))]
     _TABLES[key] = table                            # now the most recent
     return table
 
