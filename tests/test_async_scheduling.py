@@ -141,9 +141,9 @@ def test_overlapped_decode_runs_equal_overlapped_steps_bit_for_bit():
     m = cost("sarathi-serve-2024")
     times, durations = decode_run_function(m, overlap_cpu=True)(8, 8 * 700, 0.0, 40, 1e9)
     step = step_time_function(m, overlap_cpu=True)
-    assert durations == [step([1] * 8, [700 + k] * 8, 8, 0) for k in range(40)]
+    assert list(durations) == [step([1] * 8, [700 + k] * 8, 8, 0) for k in range(40)]
     assert m.decode_step_times(8, np.array([5600.0 + 8 * k for k in range(40)]),
-                               overlap_cpu=True).tolist() == durations
+                               overlap_cpu=True).tolist() == list(durations)
 
 
 def test_constant_cost_steps_keep_their_time_under_async_scheduling():

@@ -139,7 +139,7 @@ def test_decode_runs_add_up_the_step_path_clock_bit_for_bit_with_engine_time(mak
         d = step([1] * num_seqs, [ctx + num_seqs * len(want)] + [0] * (num_seqs - 1), num_seqs)
         t += d
         want.append(d)
-    assert durations == want
+    assert list(durations) == want
     for n in (1, 40):                    # the scalar loop and the numpy path of decode_step_times
         sums = ctx + num_seqs * np.arange(n)
         got = cm.decode_step_times(num_seqs, sums)

@@ -6,6 +6,7 @@ into seconds. The cost model never sees blocks or request ids (DESIGN.md).
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Protocol
@@ -58,7 +59,8 @@ class CostModel(Protocol):
     lists, which the engine prefers when present (see ``step_time_function``),
     and ``decode_run_times(num_seqs, context_token_sum, start, max_steps,
     until)``: a whole run of decode steps, costed and added up, which the fast
-    path prefers when present (see ``decode_run_function``).
+    path prefers when present (see ``decode_run_function``); it returns the
+    step boundaries and durations as two ``array('d')``.
     """
 
     def step_time(self, batch: BatchShape) -> float:
@@ -123,7 +125,7 @@ def step_time_function(cost_model: CostModel, *, overlap_cpu: bool = False,
 
 
 # (num_seqs, context_token_sum, start, max_steps, until) -> (boundaries, durations)
-DecodeRunFunction = Callable[[int, int, float, int, float], tuple[list, list]]
+DecodeRunFunction = Callable[[int, int, float, int, float], tuple[array, array]]
 
 
 def decode_run_function(cost_model: CostModel, *, overlap_cpu: bool = False,
@@ -141,7 +143,7 @@ def decode_run_function(cost_model: CostModel, *, overlap_cpu: bool = False,
         return fast
 
     def via_decode_step_times(num_seqs, context_token_sum, start, max_steps, until):
-        times, durations = [start], []
+        times, durations = array("d", (start,)), array("d")
         t, window = start, 16
         while len(durations) < max_steps and t < until:
             first = len(durations)

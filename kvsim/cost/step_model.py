@@ -17,8 +17,9 @@ efficiencies (``roofline.py``); the fitted model reads them from a profile
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -189,8 +190,10 @@ class StepCostModel:
 
     def decode_run_times(self, num_seqs: int, context_token_sum: int, start: float,
                          max_steps: int, until: float, overlap_cpu: bool = False,
-                         continuation: bool = False) -> tuple[list[float], list[float]]:
-        """Boundaries and durations of consecutive decode steps from ``start`` (fast path).
+                         continuation: bool = False) -> tuple[array, array]:
+        """Boundaries and durations of consecutive decode steps from ``start`` (fast path),
+        as two ``array('d')``: the engine slices them into the requests' token
+        times and the step table without a float object per step.
 
         Step k (0-based) decodes one token for each of ``num_seqs`` requests
         with ``context_token_sum + k * num_seqs`` tokens in their KV cache.
@@ -215,7 +218,7 @@ class StepCostModel:
         # overlapped, max(kernels, launch + cpu) + 0.0 (the same float); else
         # max(kernels, launch) + cpu.
         floor, extra = (launch + cpu, 0.0) if overlap_cpu else (launch, cpu)
-        times, durations = [start], []
+        times, durations = array("d", (start,)), array("d")
         t = start
         if window:
             context = context_token_sum

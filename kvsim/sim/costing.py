@@ -10,6 +10,7 @@ cost model's (``kvsim.cost.base``, ``kvsim.cost.step_model``).
 from __future__ import annotations
 
 import math
+from array import array
 
 from kvsim.cost.base import CostModel, decode_run_function, step_time_function
 from kvsim.sched.base import DecodeRun, StepPlan
@@ -38,7 +39,7 @@ class StepCosts:
         return seconds
 
     def run(self, run: DecodeRun, start: float, until: float,
-            one_more: bool = False) -> tuple[list[float], list[float]]:
+            one_more: bool = False) -> tuple[array, array]:
         """Boundaries and durations of the run's steps that start before ``until``;
         ``one_more``: and the first that does not (it was scheduled already)."""
         n, context = run.num_seqs, run.context_token_sum

@@ -25,6 +25,7 @@ run path and the step path give the same results whatever arrives when.
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -46,8 +47,8 @@ from kvsim.workload.request import RequestSpec
 @dataclass(slots=True)
 class _RunInFlight:
     run: DecodeRun
-    times: list[float]          # step boundaries: start of step 1 .. end of the last step
-    durations: list[float]
+    times: array                # step boundaries: start of step 1 .. end of the last step
+    durations: array            # (both array('d'), from the cost model)
     num_steps: int              # steps it will apply (cut by a submit)
 
 
@@ -259,7 +260,7 @@ class Engine(EngineRecords):
             self.scheduler.add_request(req)
         return bool(reqs)
 
-    def _run_times(self, run: DecodeRun) -> tuple[list[float], list[float]]:
+    def _run_times(self, run: DecodeRun) -> tuple[array, array]:
         """The run's steps that start before the next input (or KV transfer, sched/connector.py).
 
         With async scheduling the step due when that input arrives was already
@@ -334,7 +335,7 @@ class Engine(EngineRecords):
         if plan.is_empty and self._stuck(plan):
             self._fail_unschedulable()
 
-    def _decode_run(self, run: DecodeRun, times: list[float], durations: list[float]):
+    def _decode_run(self, run: DecodeRun, times: array, durations: array):
         """Decode steps costed at once; their effects applied at the end of the last."""
         flight = self._in_flight = _RunInFlight(run, times, durations, len(durations))
         while True:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 
 
@@ -23,8 +25,8 @@ class StepLog:
         # Decode runs: one (first step, K, batch size, waiting, finished in the
         # last step, usable blocks) each; their per-step values in flat lists.
         self._runs: list[tuple] = []
-        self._run_starts: list[float] = []
-        self._run_durations: list[float] = []
+        self._run_starts = array("d")          # (the cost model's arrays, appended)
+        self._run_durations = array("d")
         self._run_free: list[int] = []
         self._len = 0
         self.first_step = first_step
@@ -42,13 +44,13 @@ class StepLog:
             col.append(v)
         self._len += 1
 
-    def add_run(self, starts: list[float], durations: list[float], free_after: list[int],
+    def add_run(self, starts: array, durations: array, free_after: list[int],
                 batch: int, waiting: int, num_finished: int, usable_blocks: int) -> None:
         """K decode steps of ``batch`` requests; the last one finishes ``num_finished``."""
         k = len(durations)
         self._runs.append((self.next_step, k, batch, waiting, num_finished, usable_blocks))
-        self._run_starts += starts
-        self._run_durations += durations
+        self._run_starts.extend(starts)
+        self._run_durations.extend(durations)
         self._run_free += free_after
         self._len += k
 
@@ -77,8 +79,9 @@ class StepLog:
             finished[last] = fin
             cols = {
                 "step": at + self.first_step,
-                "start_time_s": np.asarray(self._run_starts, dtype=float),
-                "duration_s": np.asarray(self._run_durations, dtype=float),
+                # Copies, not views: a view would stop the arrays from growing.
+                "start_time_s": np.array(self._run_starts, dtype=float),
+                "duration_s": np.array(self._run_durations, dtype=float),
                 "num_prefill_tokens": 0,
                 "num_decode_tokens": b,
                 "num_scheduled_reqs": b,
