@@ -6,6 +6,8 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvsim.metrics.schema import REQUEST_COLUMNS, STEP_COLUMNS
 from kvsim.metrics.summary import (
@@ -13,6 +15,7 @@ from kvsim.metrics.summary import (
     SUMMARY_KEYS,
     check_slo,
     format_summary,
+    median_p90_p99,
     summarize,
 )
 
@@ -255,3 +258,31 @@ def test_format_summary_shows_nan_as_not_available_and_omits_goodput_without_slo
     text = format_summary(summarize(REQUESTS.iloc[2:], STEPS, np.array([]), num_gpu_blocks=1))
     assert "Mean TTFT (ms):                          n/a" in text
     assert "goodput" not in text
+
+
+_SAMPLES = st.lists(st.one_of(st.floats(min_value=0.0, max_value=1e6, allow_subnormal=True),
+                              st.sampled_from([0.0, 0.1, 0.2, 5e-324, 1e300]),
+                              st.just(float("nan"))),
+                    min_size=1, max_size=60)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_SAMPLES)
+def test_median_p90_p99_are_numpys_bit_for_bit(values):
+    # The summary's one-copy order statistics against np.median and
+    # np.percentile(.., [90, 99]) themselves: the same bits (NaN included), and
+    # the input left as it was.
+    v = np.array(values, dtype=float)
+    before = v.tobytes()
+    got = np.array(median_p90_p99(v))
+    want = np.array([np.median(v), *np.percentile(v, [90, 99])])
+    assert got.tobytes() == want.tobytes()
+    assert v.tobytes() == before
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 10, 11, 100, 101, 1000, 100_001])
+def test_median_p90_p99_on_large_and_tied_samples(n):
+    rng = np.random.default_rng(n)
+    for v in (rng.gamma(2.0, 10.0, n), np.round(rng.gamma(2.0, 10.0, n), 1), np.full(n, 7.5)):
+        got = np.array(median_p90_p99(v))
+        assert got.tobytes() == np.array([np.median(v), *np.percentile(v, [90, 99])]).tobytes()

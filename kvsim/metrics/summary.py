@@ -220,14 +220,68 @@ def latency_stats(metric: str, values_ms: np.ndarray) -> dict[str, float]:
     values_ms = np.asarray(values_ms, dtype=float)
     if len(values_ms) == 0:
         return {f"{stat}_{metric}_ms": NAN for stat in STATISTICS}
-    p90, p99 = np.percentile(values_ms, [90, 99])    # one partition, the same values as two calls
+    median, p90, p99 = median_p90_p99(values_ms)
     return {
         f"mean_{metric}_ms": float(np.mean(values_ms)),
-        f"median_{metric}_ms": float(np.median(values_ms)),
+        f"median_{metric}_ms": median,
         f"std_{metric}_ms": float(np.std(values_ms)),
-        f"p90_{metric}_ms": float(p90),
-        f"p99_{metric}_ms": float(p99),
+        f"p90_{metric}_ms": p90,
+        f"p99_{metric}_ms": p99,
     }
+
+
+_P90_P99 = np.true_divide([90, 99], 100)           # the quantiles, as np.percentile makes them
+
+
+def median_p90_p99(values: np.ndarray) -> tuple[float, float, float]:
+    """``np.median(values)`` and ``np.percentile(values, [90, 99])``, bit for bit.
+
+    numpy's own arithmetic (the linear method's virtual indexes ``(n - 1) * q``
+    and its interpolation ``_lerp``; the median as the mean of the middle one
+    or two values; NaN if any value is NaN), but the order statistics it needs
+    come from one copy, partitioned once and then only above the last one
+    found: a run's inter-token gaps are hundreds of thousands of values, and
+    numpy's three partitions of two copies (one a partition at several ranks,
+    which costs several times one) were most of ``summarize``. ``values``: a
+    non-empty 1-d float array; tests/test_metrics_summary.py checks it against
+    numpy.
+    """
+    n = len(values)
+    if np.isnan(values).any():
+        return NAN, NAN, NAN
+    virtual = (n - 1) * _P90_P99
+    prev = np.floor(virtual)
+    nxt = prev + 1
+    above = virtual >= n - 1                         # past the last index: the last value
+    prev[above] = nxt[above] = -1
+    prev, nxt = prev.astype(np.intp), nxt.astype(np.intp)
+    half = n // 2
+    middle = (half - 1, half) if n % 2 == 0 else (half,)
+    part = np.array(values, dtype=float)
+    _place_ranks(part, sorted({*middle, *(prev % n).tolist(), *(nxt % n).tolist()}))
+    # np.mean of the middle values: their sum (one addition at most), over their count.
+    median = float(part[half - 1] + part[half]) / 2.0 if n % 2 == 0 else float(part[half])
+    a, b = part[prev], part[nxt]
+    gamma = virtual - prev
+    diff = b - a
+    lerp = a + diff * gamma
+    np.subtract(b, diff * (1 - gamma), out=lerp, where=gamma >= 0.5)
+    return median, float(lerp[0]), float(lerp[1])
+
+
+def _place_ranks(part: np.ndarray, ranks: list[int]) -> None:
+    """Put the ``r``-th smallest value at ``part[r]`` for each of the ascending
+    ``ranks``, in place: each is selected among the values above the last one
+    placed (a rank right after it is their minimum)."""
+    lo = 0
+    for r in ranks:
+        rest = part[lo:]
+        if r == lo:
+            i = int(rest.argmin())
+            rest[0], rest[i] = rest[i], rest[0]
+        else:
+            rest.partition(r - lo)
+        lo = r + 1
 
 
 def step_stats(steps) -> dict:
