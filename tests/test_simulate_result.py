@@ -55,3 +55,30 @@ def test_stats_carry_the_scheduler_counters():
     static = kvsim.simulate({**SCENARIO, "engine": {**SCENARIO["engine"], "scheduler": "static"}})
     util = static.stats.scheduler["slot_utilization"]
     assert 0 < util < 1
+
+
+def test_requests_table_has_the_types_pandas_infers_from_the_fields():
+    # requests_frame converts plain float / int columns itself; the table must be
+    # the one pandas builds from the same fields as lists, dtypes included, also
+    # when a column is not all floats (an int arrival time) or holds a None.
+    from kvsim.metrics.schema import REQUEST_COLUMNS
+    from kvsim.scenario.result import _REQUEST_FIELDS, requests_frame
+
+    def req(i, arrival, status=RequestStatus.FINISHED, reason=""):
+        return SimpleNamespace(request_id=f"r{i}", arrival_time=arrival, queued_time=arrival,
+                               scheduled_time=float("nan"), first_token_time=arrival + 1.0,
+                               finish_time=arrival + 2.0, prompt_len=10 + i, num_output_tokens=3,
+                               num_cached_tokens=-1 if i % 2 else 16, num_preemptions=0,
+                               priority=i % 3, status=status, fail_reason=reason)
+
+    for done in ([req(0, 0.5), req(1, 0.25), req(2, 0.25)],
+                 [req(0, 0), req(1, 1.5, RequestStatus.FAILED, "too long"), req(2, 1)],
+                 [req(0, 2.0, reason=None), req(1, 1.0)], [req(0, 3), req(1, 1)]):
+        rows = {c: [getattr(r, _REQUEST_FIELDS[c]) for r in done] for c in REQUEST_COLUMNS}
+        rows["num_cached_tokens"] = [max(c, 0) for c in rows["num_cached_tokens"]]
+        rows["status"] = ["failed" if s is RequestStatus.FAILED else "completed" for s in rows["status"]]
+        want = (pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+                .sort_values(["arrival_time_s"], kind="stable").reset_index(drop=True))
+        got = requests_frame(done)
+        pd.testing.assert_frame_equal(got, want)
+        assert list(got.dtypes) == list(want.dtypes)

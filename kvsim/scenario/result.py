@@ -68,12 +68,27 @@ _read_request = attrgetter(*(_REQUEST_FIELDS[c] for c in REQUEST_COLUMNS))
 def requests_frame(done: list[Request]) -> pd.DataFrame:
     # One C-level pass reads every request's fields; zip turns the rows into columns.
     columns = list(zip(*map(_read_request, done))) or [()] * len(REQUEST_COLUMNS)
-    rows = dict(zip(REQUEST_COLUMNS, map(list, columns)))
-    rows["num_cached_tokens"] = [c if c > 0 else 0 for c in rows["num_cached_tokens"]]
+    rows = dict(zip(REQUEST_COLUMNS, map(_column, columns)))
+    rows["num_cached_tokens"] = np.maximum(rows["num_cached_tokens"], 0)
     failed = RequestStatus.FAILED
     rows["status"] = ["failed" if st is failed else "completed" for st in rows["status"]]
     df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
     return df.sort_values(["arrival_time_s"], kind="stable").reset_index(drop=True)
+
+
+def _column(values: tuple) -> np.ndarray | list:
+    """A column of plain floats or ints as the numpy array pandas would infer from
+    it (float64, int64), made without pandas' inference pass over the objects;
+    anything else as a list, for pandas to infer."""
+    kinds = set(map(type, values))
+    if kinds == {float}:
+        return np.array(values, dtype=np.float64)
+    if kinds == {int}:
+        try:
+            return np.array(values, dtype=np.int64)
+        except OverflowError:
+            pass                                    # past int64: pandas decides
+    return list(values)
 
 
 def steps_frame(engine: Engine) -> pd.DataFrame:
@@ -99,7 +114,9 @@ def itl_seconds(done: list[Request]) -> np.ndarray:
     # converted first).
     flat = np.frombuffer(b"".join([t if type(t) is array else array("d", t) for t in times]),
                          dtype=float)
-    across = np.cumsum(lengths)[:-1] - 1       # gap from a request's last token to the next's first
-    gaps = np.delete(np.diff(flat), across)
-    # Steps take positive time, so a zero gap is two tokens of one message.
-    return gaps[gaps != 0.0]
+    gaps = np.diff(flat)
+    # Steps take positive time, so a zero gap is two tokens of one message; the
+    # gaps from a request's last token to the next request's first are not gaps.
+    keep = gaps != 0.0
+    keep[np.cumsum(lengths)[:-1] - 1] = False
+    return gaps[keep]
