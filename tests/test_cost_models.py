@@ -12,7 +12,7 @@ from kvsim.cost.base import decode_run_function
 from kvsim.cost.attention_work import decode_attention_work, prefill_attention_work
 from kvsim.cost.features import rank_shapes
 from kvsim.cost.fitted import PROFILE_DIR, load_profile
-from kvsim.cost.step_model import _SCALAR_DECODE_RUN
+from kvsim.cost.decode_run_costs import _SCALAR_DECODE_RUN
 from kvsim.specs import list_gpus, list_models, load_gpu, load_model
 
 from kvsim.cost.published_runs import RTX4090  # an inline GPU spec
