@@ -27,7 +27,7 @@ class StepLog:
         self._runs: list[tuple] = []
         self._run_starts = array("d")          # (the cost model's arrays, appended)
         self._run_durations = array("d")
-        self._run_free: list[int] = []
+        self._run_free = array("q")
         self._len = 0
         self.first_step = first_step
 
@@ -51,7 +51,7 @@ class StepLog:
         self._runs.append((self.next_step, k, batch, waiting, num_finished, usable_blocks))
         self._run_starts.extend(starts)
         self._run_durations.extend(durations)
-        self._run_free += free_after
+        self._run_free.extend(free_after)
         self._len += k
 
     @property
@@ -72,7 +72,7 @@ class StepLog:
             last = ends - 1                              # index of each run's last step
             at = np.repeat(firsts - self.first_step, ks) + np.arange(total) - np.repeat(ends - ks, ks)
             b = np.repeat(batch, ks)
-            free = np.asarray(self._run_free, dtype=np.int64)
+            free = np.array(self._run_free, dtype=np.int64)
             running = b.copy()
             running[last] -= fin
             finished = np.zeros(total, dtype=np.int64)
