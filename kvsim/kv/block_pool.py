@@ -25,10 +25,9 @@ exact because a block's dead entries always lie before its live one: only
 hashed blocks are revived by a prefix hit, a hashed block keeps its hash
 until it is popped, so it can only re-enter the queue at the tail. (The odd
 touch of an unhashed free block rebuilds the queue at once.) Popped slots
-are dropped once they are half the list, so every operation is O(1)
-amortised per block. (A version on ``collections.OrderedDict`` was simpler
-still but executed about 16% more instructions on W1: two dict lookups and
-a node per block.)
+are dropped once they are half the list: every operation is O(1) amortised
+per block. (An ``OrderedDict`` version was simpler but ran ~16% more
+instructions on W1: two dict lookups and a node per block.)
 
 Eviction order is the free-queue order (B4): a popped block that still holds
 a hash leaves the hash map then.
@@ -400,22 +399,3 @@ class BlockPool:
         else:
             entry[b] = None
 
-
-class PoolQueries:
-    """The queries a KV manager answers straight from its ``self.pool`` (a
-    ``BlockPool``): shared by the single-group and the hybrid managers."""
-
-    @property
-    def num_usable_blocks(self) -> int:
-        return self.pool.num_usable_blocks
-
-    def get_num_free_blocks(self) -> int:
-        return self.pool.get_num_free_blocks()
-
-    @property
-    def usage(self) -> float:
-        return self.pool.get_usage()
-
-    def free_queue(self) -> list[int]:
-        """The pool's free queue, head first (tests, debugging)."""
-        return self.pool.free_queue()

@@ -32,8 +32,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from kvsim.kv.block_pool import BlockPool, PoolQueries
+from kvsim.kv.block_pool import BlockPool
 from kvsim.kv.hybrid_runs import HybridDecodeRuns
+from kvsim.kv.manager import PoolQueries
 from kvsim.kv.mamba import MambaManager
 from kvsim.kv.single_type import (NULL, ChunkedLocalAttentionManager, FullAttentionManager,
                                   SlidingWindowManager, admission_cap, cdiv)

@@ -27,12 +27,32 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvsim.kv.block_pool import NULL_BLOCK_ID, BlockPool, PoolQueries
+from kvsim.kv.block_pool import NULL_BLOCK_ID, BlockPool
 from kvsim.kv.decode_runs import DecodeRunSteps
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+class PoolQueries:
+    """The queries a KV manager answers straight from its ``self.pool`` (a
+    ``BlockPool``): shared by the single-group and the hybrid managers."""
+
+    @property
+    def num_usable_blocks(self) -> int:
+        return self.pool.num_usable_blocks
+
+    def get_num_free_blocks(self) -> int:
+        return self.pool.get_num_free_blocks()
+
+    @property
+    def usage(self) -> float:
+        return self.pool.get_usage()
+
+    def free_queue(self) -> list[int]:
+        """The pool's free queue, head first (tests, debugging)."""
+        return self.pool.free_queue()
 
 
 class KVCacheManager(PoolQueries, DecodeRunSteps):
