@@ -8,32 +8,20 @@ from collections import deque
 from kvsim.sched.request import Request
 
 
-class FcfsQueue:
-    """The waiting queue under FCFS: a deque; preempted requests go to the front (S8)."""
+class FcfsQueue(deque):
+    """The waiting queue under FCFS: a deque; preempted requests go to the front (S8).
 
-    def __init__(self) -> None:
-        self._q: deque[Request] = deque()
+    The deque itself, so that ``len``, ``add`` and ``pop`` (the scheduler asks
+    for the length several times a step) are C calls, not Python methods.
+    """
 
-    def add(self, req: Request) -> None:
-        self._q.append(req)
-
-    def prepend(self, req: Request) -> None:
-        self._q.appendleft(req)
+    __slots__ = ()
+    add = deque.append
+    prepend = deque.appendleft
+    pop = deque.popleft                      # the head (a deque's own pop takes the tail)
 
     def peek(self) -> Request:
-        return self._q[0]
-
-    def pop(self) -> Request:
-        return self._q.popleft()
-
-    def remove(self, req: Request) -> None:
-        self._q.remove(req)
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def __iter__(self):
-        return iter(self._q)
+        return self[0]
 
 
 class PriorityQueue:
