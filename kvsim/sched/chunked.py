@@ -114,6 +114,9 @@ class ChunkedScheduler(ChunkedConnectorHooks, ChunkedDecodeRuns, AsyncFinishing,
         not ``max_num_scheduled_tokens``.
         """
         cfg = self.config
+        if not cfg.long_prefill_token_threshold:
+            self._threshold = 0                     # no threshold, whatever the count
+            return
         num_in_system = sum(self.get_request_counts())
         threshold = cfg.long_prefill_token_threshold if num_in_system > 1 else 0
         if threshold > 0 and cfg.long_prefill_token_threshold_adaptive:
