@@ -56,6 +56,8 @@ CASES = {
     "fleet, router that reads replica state (one environment)":
         ("fleet_routing", "workload.num_requests=200", "cluster.router=least_loaded"),
     "prefill/decode fleet": ("fleet_pd", "workload.num_requests=80"),
+    # The radix tree's parent <-> child links: Scheduler.close unlinks them (kv/radix.py).
+    "one engine, radix cache": ("radix_vs_hash", "workload.num_requests=200", "sweep=null"),
 }
 
 
@@ -76,6 +78,15 @@ def test_without_closing_the_engine_the_run_stays_in_a_cycle(monkeypatch):
     monkeypatch.setattr(Engine, "close", lambda self: None)
     garbage = _cyclic_garbage(lambda: kvsim.simulate(_load(*CASES["one engine"])))
     assert {"Engine", "Frontend", "Request"} <= set(_kvsim_objects(garbage))
+
+
+def test_without_closing_the_radix_tree_it_stays_in_a_cycle(monkeypatch):
+    # The radix case above can fail: a tree whose nodes keep their parents is a
+    # cycle of TreeNodes (and of the scheduler's requests' nodes) for the collector.
+    from kvsim.kv.radix import RadixCache
+    monkeypatch.setattr(RadixCache, "close", lambda self: None)
+    garbage = _cyclic_garbage(lambda: kvsim.simulate(_load(*CASES["one engine, radix cache"])))
+    assert "TreeNode" in _kvsim_objects(garbage)
 
 
 def test_no_collection_traces_the_run():

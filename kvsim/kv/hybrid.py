@@ -276,6 +276,9 @@ class HybridKVCacheManager(PoolQueries, HybridDecodeRuns):
         return max(end - start, 0)
 
     # ------------------------------------------------------------ mutations
+    def close(self) -> None:
+        """The run is over: nothing here is a reference cycle."""
+
     def new_step_starts(self) -> None:
         """vLLM KVCacheManager.new_step_starts, at the start of every schedule()."""
         for m in self.managers:

@@ -150,6 +150,9 @@ class KVCacheManager(PoolQueries, DecodeRunSteps):
         return None
 
     # ------------------------------------------------------------ mutations
+    def close(self) -> None:
+        """The run is over: nothing here is a reference cycle (the radix manager's tree is)."""
+
     def new_step_starts(self) -> None:
         """A new schedule() call (vLLM KVCacheManager.new_step_starts); nothing to do
         with one group (the hybrid manager's Mamba groups reset a set)."""

@@ -127,6 +127,17 @@ class RadixCache:
         self.evictable_size_ = 0
         self.protected_size_ = 0
 
+    def close(self) -> None:
+        """The run is over: unlink every node from its parent. Parent and child
+        links make the tree one big reference cycle, which only the collector
+        could free; without the parent links it goes with its last reference.
+        Lookups from the root still work; nothing may be inserted or evicted."""
+        stack = [self.root_node]
+        while stack:
+            node = stack.pop()
+            node.parent = None
+            stack.extend(node.children.values())
+
     def child_key(self, key: Sequence[int]):
         """The dict key of a child: first token, or first page as a tuple (rc:119-124)."""
         return key[0] if self.page_size == 1 else tuple(key[:self.page_size])

@@ -177,6 +177,9 @@ class RadixKVManager:
         return None
 
     # One full-attention group: the hybrid manager's hooks (kv/hybrid.py) are no-ops.
+    def close(self) -> None:
+        self.tree.close()
+
     def new_step_starts(self) -> None:
         pass
 

@@ -144,6 +144,12 @@ class Scheduler(Protocol):
         """The scheduler's own counters, for ``Result.stats``."""
         ...
 
+    def close(self) -> None:
+        """The run is over (``Engine.close``): let go of what would keep the run's
+        objects in reference cycles (the radix cache's tree). The queries above
+        still answer; no request is added or scheduled after it."""
+        ...
+
 
 def record_admission(plan: StepPlan, req: Request, num_hit: int, n: int) -> None:
     """S5: a waiting (or preempted) request becomes RUNNING with its prefix hit.

@@ -48,6 +48,9 @@ class PagedScheduler(QueuedRequests):
     def stats(self) -> dict[str, float]:
         return {}
 
+    def close(self) -> None:
+        self.kv.close()
+
     # ------------------------------------------------------------ finishing
 
     def finish_requests(self, finished: list[Request], now: float) -> list[Request]:

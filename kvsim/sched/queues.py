@@ -77,3 +77,6 @@ class QueuedRequests:
 
     def get_request_counts(self) -> tuple[int, int]:
         return len(self.running), len(self.waiting)
+
+    def close(self) -> None:
+        """Nothing held in a cycle (the paged schedulers close their KV manager)."""

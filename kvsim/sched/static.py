@@ -119,6 +119,9 @@ class StaticScheduler:
     def stats(self) -> dict[str, float]:
         return {"slot_utilization": self.slot_utilization}
 
+    def close(self) -> None:
+        """Nothing held in a cycle (a contiguous allocator)."""
+
     @property
     def slot_utilization(self) -> float:
         return self.used_slot_steps / self.slot_steps if self.slot_steps else float("nan")

@@ -198,6 +198,7 @@ class Engine(EngineRecords):
             self._flush_steps()
         if self._generator is not None:
             self._generator.close()                 # GeneratorExit at its last yield
+        self.scheduler.close()                      # the radix cache's tree (kv/radix.py)
         self.on_done = self.progress = None
         self._more_input = self._next_input_time = _closed
 

@@ -12,14 +12,14 @@ way.
 The pause pays only if the collector never traces those objects later
 either. So ``simulate()`` keeps it until the tables are built, and the run
 leaves no reference cycles: ``Engine.close`` lets go of its process and of
-its callbacks into the front end, ``Fleet._close`` of the fleet's back
-references, so a finished engine is freed by reference counting the moment
-its caller drops it (tests/test_gc_pause.py). Before that, the first
-collection after the pause traced every request of the run, and so did the
-older generations' later on (~4% of a W3 sweep point). What remains for the
-collector is SimPy's own (an environment and its bound event classes, a
-finished process and its last event) and the radix cache's tree (parent and
-child links, ``kv/radix.py``).
+its callbacks into the front end and closes its scheduler (the radix cache
+unlinks its tree's parent links, ``kv/radix.py``), ``Fleet._close`` lets go
+of the fleet's back references, so a finished engine is freed by reference
+counting the moment its caller drops it (tests/test_gc_pause.py). Before
+that, the first collection after the pause traced every request of the run,
+and so did the older generations' later on (~4% of a W3 sweep point). What
+remains for the collector is SimPy's own (an environment and its bound event
+classes, a finished process and its last event).
 """
 
 from __future__ import annotations
