@@ -73,7 +73,7 @@ def test_requests_table_has_the_types_pandas_infers_from_the_fields():
 
     for done in ([req(0, 0.5), req(1, 0.25), req(2, 0.25)],
                  [req(0, 0), req(1, 1.5, RequestStatus.FAILED, "too long"), req(2, 1)],
-                 [req(0, 2.0, reason=None), req(1, 1.0)], [req(0, 3), req(1, 1)]):
+                 [req(0, 2.0, reason=None), req(1, 1.0)], [req(0, 3), req(1, 1)], []):
         rows = {c: [getattr(r, _REQUEST_FIELDS[c]) for r in done] for c in REQUEST_COLUMNS}
         rows["num_cached_tokens"] = [max(c, 0) for c in rows["num_cached_tokens"]]
         rows["status"] = ["failed" if s is RequestStatus.FAILED else "completed" for s in rows["status"]]

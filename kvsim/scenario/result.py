@@ -69,7 +69,9 @@ def requests_frame(done: list[Request]) -> pd.DataFrame:
     # One C-level pass reads every request's fields; zip turns the rows into columns.
     columns = list(zip(*map(_read_request, done))) or [()] * len(REQUEST_COLUMNS)
     rows = dict(zip(REQUEST_COLUMNS, map(_column, columns)))
-    rows["num_cached_tokens"] = np.maximum(rows["num_cached_tokens"], 0)
+    cached = rows["num_cached_tokens"]
+    rows["num_cached_tokens"] = (np.maximum(cached, 0) if isinstance(cached, np.ndarray)
+                                 else [c if c > 0 else 0 for c in cached])
     failed = RequestStatus.FAILED
     rows["status"] = ["failed" if st is failed else "completed" for st in rows["status"]]
     df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
