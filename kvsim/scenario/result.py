@@ -68,17 +68,15 @@ _read_request = attrgetter(*(_REQUEST_FIELDS[c] for c in REQUEST_COLUMNS))
 def requests_frame(done: list[Request]) -> pd.DataFrame:
     # One C-level pass reads every request's fields; zip turns the rows into columns.
     columns = list(zip(*map(_read_request, done))) or [()] * len(REQUEST_COLUMNS)
-    rows = dict(zip(REQUEST_COLUMNS, map(_column, columns)))
-    cached = rows["num_cached_tokens"]
-    rows["num_cached_tokens"] = (np.maximum(cached, 0) if isinstance(cached, np.ndarray)
-                                 else [c if c > 0 else 0 for c in cached])
+    rows = dict(zip(REQUEST_COLUMNS, columns))
+    rows["num_cached_tokens"] = [c if c > 0 else 0 for c in rows["num_cached_tokens"]]
     failed = RequestStatus.FAILED
     rows["status"] = ["failed" if st is failed else "completed" for st in rows["status"]]
-    df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+    df = pd.DataFrame({c: _column(v) for c, v in rows.items()}, columns=REQUEST_COLUMNS)
     return df.sort_values(["arrival_time_s"], kind="stable").reset_index(drop=True)
 
 
-def _column(values: tuple) -> np.ndarray | list:
+def _column(values) -> np.ndarray | list:
     """A column of plain floats or ints as the numpy array pandas would infer from
     it (float64, int64), made without pandas' inference pass over the objects;
     anything else as a list, for pandas to infer."""

@@ -114,13 +114,13 @@ class ChunkedScheduler(ChunkedConnectorHooks, ChunkedDecodeRuns, AsyncFinishing,
         not ``max_num_scheduled_tokens``.
         """
         cfg = self.config
-        if not cfg.long_prefill_token_threshold:
-            self._threshold = 0                     # no threshold, whatever the count
-            return
-        num_in_system = sum(self.get_request_counts())
-        threshold = cfg.long_prefill_token_threshold if num_in_system > 1 else 0
-        if threshold > 0 and cfg.long_prefill_token_threshold_adaptive:
-            threshold = max(threshold, cfg.max_num_batched_tokens // num_in_system)
+        threshold = cfg.long_prefill_token_threshold
+        if threshold > 0:                           # only a set threshold needs the count
+            num_in_system = sum(self.get_request_counts())
+            if num_in_system <= 1:
+                threshold = 0
+            elif cfg.long_prefill_token_threshold_adaptive:
+                threshold = max(threshold, cfg.max_num_batched_tokens // num_in_system)
         self._threshold = threshold
 
     def update_from_output(self, plan: StepPlan, now: float) -> list[Request]:

@@ -23,7 +23,7 @@ class StepLog:
     def __init__(self, first_step: int = 0) -> None:
         self._rows: dict[str, list] = {c: [] for c in self.COLUMNS}
         # Decode runs: one (first step, K, batch size, waiting, finished in the
-        # last step, usable blocks) each; their per-step values in flat lists.
+        # last step, usable blocks) each; their per-step values in flat arrays.
         self._runs: list[tuple] = []
         self._run_starts = array("d")          # (the cost model's arrays, appended)
         self._run_durations = array("d")

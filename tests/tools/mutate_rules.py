@@ -45,7 +45,7 @@ MUTATIONS = {
         "return max_steps if first is None else first - 1",
         "return max_steps if first is None else first"),
     "N4 threshold ignored when alone": ("kvsim/sched/chunked.py",
-        "if num_in_system > 1 else 0", "if num_in_system > 0 else 0"),
+        "            if num_in_system <= 1:", "            if num_in_system <= 0:"),
 }
 TESTS = ["tests/test_oracle_traces.py", "tests/test_fast_path.py", "tests/test_kv_vectors.py",
          "tests/test_sched_vectors.py", "tests/test_connector.py"]
