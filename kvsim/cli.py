@@ -113,12 +113,18 @@ def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
     wrapped: a lazy import of a pydantic model interrupted there raises
     ``RuntimeError: Error calling __set_name__ ...`` with the
     KeyboardInterrupt as its cause. An error raised while the interrupt
-    unwinds the stack has it as its context.
+    unwinds the stack has it as its context. One that lands while
+    pydantic-core builds a model's validator comes back as its
+    ``SchemaError``, the interrupt kept only as the message's last line
+    ("KeyboardInterrupt: "), no cause attached.
     """
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         if isinstance(exc, KeyboardInterrupt):
             return exc
+        if (type(exc).__name__ == "SchemaError" and type(exc).__module__.startswith("pydantic_core")
+                and str(exc).rstrip().endswith("KeyboardInterrupt:")):
+            return KeyboardInterrupt()
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return None

@@ -65,6 +65,17 @@ def test_interrupt_behind_finds_a_wrapped_ctrl_c():
         assert interrupt_behind(exc) is None
 
 
+def test_interrupt_behind_finds_a_ctrl_c_inside_a_pydantic_schema_build():
+    # Seen in tests/test_cli_faults.py (cluster-ctrl-c): SIGINT while pydantic-core built
+    # kvsim.fleet.config's validators came back as a SchemaError whose text ends with it.
+    from pydantic_core import SchemaError
+
+    from kvsim.cli import interrupt_behind
+    wrapped = SchemaError('Error building "tagged-union" validator:\n  KeyboardInterrupt: ')
+    assert isinstance(interrupt_behind(wrapped), KeyboardInterrupt)
+    assert interrupt_behind(SchemaError('Error building "model" validator: bad field')) is None
+
+
 def test_a_ctrl_c_wrapped_by_a_lazy_import_ends_the_run_as_an_interrupt(monkeypatch, capsys, tmp_path):
     # Seen in tests/test_cli_faults.py (cluster-ctrl-c) when SIGINT arrived while
     # kvsim.fleet.config was being imported: a traceback instead of status 130.
