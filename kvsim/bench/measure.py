@@ -191,7 +191,7 @@ def measure_attribution(w: Workload, workdir: Path, *, scenarios: Path, requests
     out = workdir / f"{label}.json"
     cut = requests if requests is not None else w.attribution_requests
     cmd = [*_cli_prefix(), "kvsim.bench", "_attribute", str(out), str(scenarios / w.scenario),
-           *size_overrides(w, cut)]
+           *size_overrides(w, cut), *(arg for o in w.attribution_overrides for arg in ("--set", o))]
     run_child(cmd, workdir, label=label)
     return {**json.loads(out.read_text()), "requests": cut}
 

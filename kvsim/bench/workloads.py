@@ -39,6 +39,9 @@ class Workload:
     heavy: bool = False           # minutes per run: repeated --heavy-reps times, not --reps
     default: bool = True          # in the default set (False: only when named, e.g. `kvsim bench W5`)
     attribution_requests: int | None = None   # cut for the cProfile run (None: the whole workload)
+    # --set overrides of the cProfile run: cProfile sees one process, so a fleet's
+    # replicas are profiled in it (cluster.workers=1: the same work, docs/fleet.md).
+    attribution_overrides: tuple[str, ...] = ()
 
 
 WORKLOADS: dict[str, Workload] = {w.name: w for w in (
@@ -75,7 +78,7 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
              "a fleet: 16 W1 replicas behind round robin, 160,000 requests with the Azure "
              "conversation trace's lengths at 16x its rate (Poisson)",
              "workload.num_requests", 2000, ratio_always_prefix=True, heavy=True,
-             attribution_requests=20_000),
+             attribution_requests=20_000, attribution_overrides=("cluster.workers=1",)),
 )}
 
 DEFAULT_WORKLOADS = tuple(name for name, w in WORKLOADS.items() if w.default)

@@ -31,7 +31,7 @@ import typing
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from kvsim.fleet.links import link_entry
@@ -154,10 +154,21 @@ class ClusterConfig(_Section):
     router: RouterConfig = RoundRobinRouter(policy="round_robin")
     decode_router: RouterConfig | None = None
     link: str | LinkConfig | None = None
+    # Processes that simulate replicas which run apart (kvsim/scenario/cluster_parallel.py);
+    # "auto": every core this process may use. Any other fleet runs in one process.
+    workers: int | Literal["auto"] = 1
 
     @property
     def disaggregated(self) -> bool:
         return any(p.role != "mixed" for p in self.pools or ())
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, value):
+        if (type(value) is int and value >= 1) or value == "auto":
+            return value
+        raise PydanticCustomError("workers", "allowed: an integer >= 1 (processes) or 'auto' "
+                                             "(every core this process may use)")
 
     def pool_list(self) -> list[PoolConfig]:
         """The pools; ``replicas: N`` is one mixed pool named ``replica``."""

@@ -53,6 +53,15 @@ def router_needs_hashes(router_cfg) -> bool:
     return router_cfg.policy == "weighted" and bool(_HASHING_SCORERS & set(router_cfg.scorers))
 
 
+def runs_apart(pools: Sequence[PoolPlan], cluster: ClusterConfig, trace=None) -> bool:
+    """Whether the replicas of an independent workload (no request waits on
+    another, no closed loop) never affect one another: a router that reads no
+    replica state, no trace, no P/D, no KV offloading (separate.py)."""
+    return (trace is None and all(p.role == "mixed" for p in pools)
+            and cluster.router.policy in STATELESS_POLICIES
+            and all(p.connector_factory is None for p in pools))
+
+
 def _named_trace(trace, name: str):
     """A replica's step records, each with its ``replica`` name, to the run's trace."""
     if trace is None:
@@ -86,18 +95,21 @@ class Fleet:
                  env: simpy.Environment | None = None, fast_path: bool = True,
                  trace: Callable[[dict], None] | None = None,
                  progress: Callable[[float, int], None] | None = None,
-                 independent: bool = False) -> None:
+                 independent: bool = False, only: Sequence[int] | None = None) -> None:
         """``independent``: the caller promises that no request waits on another
         (no session turns, no closed loop). With a router that reads no replica
         state, no trace, no P/D and no KV offloading, the replicas then never
         affect one another and run each in its own environment (separate.py,
-        the same results, faster); ``self.separate`` says whether they do."""
+        the same results, faster); ``self.separate`` says whether they do
+        (``runs_apart``). ``only``: of such a fleet, the replicas this process
+        simulates (the others' requests are routed and dropped; a process of
+        kvsim/scenario/cluster_parallel.py); None: all."""
         self.env = env if env is not None else simpy.Environment(initial_time=0.0)
         self.disaggregated = any(p.role != "mixed" for p in pools)
-        self.separate = (independent and env is None and trace is None and not self.disaggregated
-                         and cluster.router.policy in STATELESS_POLICIES
-                         and all(p.connector_factory is None for p in pools))
-        self._separate_run = SeparateRun(self) if self.separate else None
+        self.separate = independent and env is None and runs_apart(pools, cluster, trace)
+        if only is not None and not self.separate:
+            raise ValueError("Fleet(only=...): only replicas that run apart can be simulated apart")
+        self._separate_run = SeparateRun(self, only) if self.separate else None
         self.frontend: Frontend | None = None
         self.replicas: list[Engine] = []
         self.infos: list[ReplicaInfo] = []

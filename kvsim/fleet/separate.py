@@ -21,6 +21,10 @@ environment, and each replica is then advanced, one after the other, through
 its events before the window's last arrival. Its decode runs are bounded by
 its own next arrival (``env.peek``, as a single engine's are).
 
+``only`` (``Fleet(only=...)``) simulates some of the replicas: every request
+is still routed, the others' are dropped. A process of
+kvsim/scenario/cluster_parallel.py runs its share of the fleet so.
+
 The results are those of the shared queue, bit for bit: within a replica
 the events and their order are the same (arrivals are urgent events at
 their absolute instants, as ``Frontend`` sends them; same-instant arrivals
@@ -52,8 +56,11 @@ STATELESS_POLICIES = ("round_robin", "random")
 class SeparateRun:
     """Feeds a fleet's replicas, each in its own environment, window by window."""
 
-    def __init__(self, fleet) -> None:
+    def __init__(self, fleet, only: Iterable[int] | None = None) -> None:
         self.fleet = fleet
+        # The replicas simulated here: every request is still routed (the
+        # router's choices depend on all of them), but only these run.
+        self.only = None if only is None else frozenset(only)
         self.all_read = False
         self.last_send = 0.0          # when the front end sends its last request
 
@@ -67,6 +74,8 @@ class SeparateRun:
         fleet = self.fleet
         replicas = fleet.replicas
         router, front, block_size = fleet.router, fleet._front, fleet.block_size
+        only = self.only
+        ours = replicas if only is None else [r for k, r in enumerate(replicas) if k in only]
         it = iter(specs)
         send = 0.0                    # the front end's clock: arrivals in order, never before it
         index = 0                     # request index (fresh token ids), as Frontend._send
@@ -83,23 +92,24 @@ class SeparateRun:
                 req = route_request(spec, block_size, hash_blocks=False)
                 k = front[router.route(req, fleet._front_replicas, send)]
                 fleet.num_routed[k] += 1
-                engine = replicas[k]
-                AtTime(engine.env, send, urgent=True).callbacks.append(
-                    partial(_arrive, engine, spec, send, index))
+                if only is None or k in only:
+                    engine = replicas[k]
+                    AtTime(engine.env, send, urgent=True).callbacks.append(
+                        partial(_arrive, engine, spec, send, index))
                 index += max(spec.n, 1)
             self.last_send = send
             if not started and (send > 0 or self.all_read):
                 # Started after every request sent at t=0 is queued: in the
                 # shared queue the front end sends those before the engines start.
-                for replica in replicas:
+                for replica in ours:
                     replica.start()
                 started = True
             if not self.all_read:
-                for replica in replicas:
+                for replica in ours:
                     env = replica.env
                     while env.peek() < send:
                         env.step()
-        for replica in replicas:
+        for replica in ours:
             replica.env.run()
 
 

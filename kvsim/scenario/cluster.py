@@ -101,6 +101,7 @@ class FleetResult(Result):
     per_replica: dict[str, dict] = field(default_factory=dict)
     per_pool: dict[str, dict] = field(default_factory=dict)
     run: FleetRun | None = field(default=None, repr=False)
+    replica_itls: list = field(default_factory=list, repr=False)     # each replica's itl_s
 
     def write(self, out_dir) -> Path:
         from kvsim.scenario.cluster_outputs import write_fleet_run
@@ -122,10 +123,7 @@ def simulate_cluster(scenario, *, overrides=None, fast_path: bool = True, trace=
         raise ScenarioError("metrics.streaming: true is not supported with cluster: yet (each replica's "
                             "summary needs its tables); remove one of them")
     cluster, plans = load_cluster(sc)
-    rng = np.random.default_rng(sc.seed)              # the workload's stream, as simulate() draws it
-    # Prompts no replica can run are not spelled out (as simulate() does for one engine).
-    longest = max(p.sched_config.max_model_len for p in plans)
-    workload = build_workload(sc.workload, rng=rng, base_dir=sc.base_dir, max_prompt_len=longest - 1)
+    workload = fleet_workload(sc, plans)
     hook = None
     if progress is not None:
         total = None if workload.num_requests is None else workload.num_requests * sc.workload.n
@@ -135,40 +133,86 @@ def simulate_cluster(scenario, *, overrides=None, fast_path: bool = True, trace=
     if cluster.disaggregated:
         _check_pd(sc, plans)
     # Requests that wait on none (and no closed loop): replicas behind a router that reads
-    # no replica state are simulated one at a time (kvsim/fleet/separate.py, same results).
+    # no replica state are simulated one at a time (kvsim/fleet/separate.py, same results),
+    # and with cluster.workers in several processes (kvsim/scenario/cluster_parallel.py).
     independent = workload.independent and workload.concurrency is None
     # The collector stays paused until the tables are built (the result keeps the replicas,
     # for its files; Fleet._close leaves them in no reference cycle).
     with collector_paused():
         fleet = Fleet(plans, cluster, seed=sc.seed, fast_path=fast_path, trace=trace, progress=hook,
                       independent=independent)
-        run = fleet.run(workload.requests(), concurrency=workload.concurrency)
+        workers = fleet_workers(cluster, len(fleet.replicas)) if fleet.separate else 1
+        if workers > 1:
+            from kvsim.scenario.cluster_parallel import simulate_apart
+            run, tables = simulate_apart(sc, fleet, workers, fast_path=fast_path)
+        else:
+            run, tables = fleet.run(workload.requests(), concurrency=workload.concurrency), None
         del fleet
-        return collect_fleet(run, sc, cluster)
+        return collect_fleet(run, sc, cluster, tables)
 
 
-def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig) -> FleetResult:
-    """The tables and summaries of a finished fleet run."""
+def fleet_workload(sc: LoadedScenario, plans: list[PoolPlan]):
+    """The fleet's workload, drawn from the run's stream as simulate() draws it."""
+    rng = np.random.default_rng(sc.seed)
+    # Prompts no replica can run are not spelled out (as simulate() does for one engine).
+    longest = max(p.sched_config.max_model_len for p in plans)
+    return build_workload(sc.workload, rng=rng, base_dir=sc.base_dir, max_prompt_len=longest - 1)
+
+
+def fleet_workers(cluster: ClusterConfig, num_replicas: int) -> int:
+    """Processes for a fleet whose replicas run apart: ``cluster.workers`` ("auto": every
+    core this process may use), at most one per replica; 1 inside a daemonic process
+    (a sweep's worker, which may not start processes of its own)."""
+    import multiprocessing
+
+    from kvsim.scenario.executor import default_workers
+    if multiprocessing.current_process().daemon:
+        return 1
+    wanted = default_workers() if cluster.workers == "auto" else cluster.workers
+    return max(1, min(wanted, num_replicas))
+
+
+@dataclass
+class ReplicaTables:
+    """What a fleet's tables and summaries read of one replica, built where it ran
+    (in this process, or in a worker of kvsim/scenario/cluster_parallel.py)."""
+
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    itl: np.ndarray
+    summary: dict                    # summarize(...) and computed_tokens
+    stats: EngineStats
+
+
+def replica_tables(replica, info, slo: dict | None) -> ReplicaTables:
+    requests = requests_frame(replica.done)
+    steps = steps_frame(replica)
+    itl = itl_seconds(replica.done)
+    summary = {**summarize(requests, steps, itl, num_gpu_blocks=info.num_usable_blocks + 1, slo=slo),
+               "computed_tokens": computed_tokens(steps)}
+    return ReplicaTables(requests, steps, itl, summary, replica.stats())
+
+
+def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig,
+                  tables: list[ReplicaTables] | None = None) -> FleetResult:
+    """The tables and summaries of a finished fleet run; ``tables``: each replica's, when
+    they were built elsewhere (``run.replicas`` is then empty), else built here."""
     slo = sc.scenario.slo.as_dict() or None
+    if tables is None:
+        tables = [replica_tables(replica, info, slo) for replica, info in zip(run.replicas, run.infos)]
     frames, step_frames, itls, per_replica = [], [], [], {}
-    for k, (replica, info) in enumerate(zip(run.replicas, run.infos)):
-        req = requests_frame(replica.done)
-        steps = steps_frame(replica)
-        itl = itl_seconds(replica.done)
-        per_replica[info.name] = {
-            "pool": info.pool, "routed": run.num_routed[k],
-            **summarize(req, steps, itl, num_gpu_blocks=info.num_usable_blocks + 1, slo=slo),
-            "computed_tokens": computed_tokens(steps)}
-        frames.append(req.assign(replica=info.name))
-        step_frames.append(steps)
-        itls.append(itl)
+    for k, (t, info) in enumerate(zip(tables, run.infos)):
+        per_replica[info.name] = {"pool": info.pool, "routed": run.num_routed[k], **t.summary}
+        frames.append(t.requests.assign(replica=info.name))
+        step_frames.append(t.steps)
+        itls.append(t.itl)
 
     # The fleet's step table and gaps, every replica in order (read by the
     # summary of a group of every replica, and returned).
     steps = pd.concat([s.assign(replica=i.name) for s, i in zip(step_frames, run.infos)],
                       ignore_index=True)
     itl = np.concatenate(itls) if itls else np.zeros(0)
-    everyone = list(range(len(run.replicas)))
+    everyone = list(range(len(run.infos)))
 
     def group(indices: list[int], requests: pd.DataFrame) -> dict:
         whole = indices == everyone
@@ -196,7 +240,7 @@ def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig) -> 
         else:
             numbers = group(members, _by_arrival(pd.concat([frames[k] for k in members], ignore_index=True)))
         per_pool[pool] = {"role": run.infos[members[0]].role, "replicas": len(members), **numbers}
-    summary = {"scenario": sc.name, "scheduler": sc.scheduler, "num_replicas": len(run.replicas),
+    summary = {"scenario": sc.name, "scheduler": sc.scheduler, "num_replicas": len(run.infos),
                "router": cluster.router.policy, **fleet}
     if run.transfers is not None:
         # A decode replica counts the pulled tokens as computed when it admits
@@ -214,17 +258,17 @@ def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig) -> 
         from kvsim.scenario.kv_offload import offload_summary, with_connector_columns
         requests = with_connector_columns(requests, connectors)    # metrics.csv's split
         summary["kv_offload"] = offload_summary(connectors, requests)
-    return FleetResult(summary, requests, steps, itl, sc, fleet_stats(run), per_replica=per_replica,
-                       per_pool=per_pool, run=run)
+    return FleetResult(summary, requests, steps, itl, sc, fleet_stats(t.stats for t in tables),
+                       per_replica=per_replica, per_pool=per_pool, run=run, replica_itls=itls)
 
 
-def fleet_stats(run: FleetRun) -> EngineStats:
+def fleet_stats(each) -> EngineStats:
     """How the fleet was simulated: every replica's steps, runs and arrivals added up.
 
     ``scheduler`` is left empty: a scheduler's own counters (a utilisation, say)
     do not add up across replicas; each replica's are ``replica.stats()``.
     """
-    each = [r.stats() for r in run.replicas]
+    each = list(each)
     return EngineStats(num_steps=sum(e.num_steps for e in each),
                        num_run_steps=sum(e.num_run_steps for e in each),
                        num_runs=sum(e.num_runs for e in each),

@@ -103,12 +103,10 @@ def write_fleet_vllm_outputs(result, out_dir, *, setup: dict, metrics_file: str,
 
 def fleet_itls(result) -> list | None:
     """Each request's inter-token gaps, read from its own replica's steps (None if not exact)."""
-    from kvsim.scenario.result import itl_seconds
-
     position = {rid: i for i, rid in enumerate(result.requests["request_id"])}
     itls: list = [[] for _ in range(len(result.requests))]
-    for (name, part, steps), replica in zip(_by_replica(result), result.run.replicas):
-        gaps = per_request_itls(part.reset_index(drop=True), steps, itl_seconds(replica.done))
+    for (name, part, steps), itl in zip(_by_replica(result), result.replica_itls):
+        gaps = per_request_itls(part.reset_index(drop=True), steps, itl)
         if gaps is None:
             return None
         for rid, g in zip(part["request_id"], gaps):

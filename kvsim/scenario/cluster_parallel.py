@@ -1,0 +1,79 @@
+"""A fleet whose replicas run apart, simulated in several processes (``cluster.workers``).
+
+Replicas behind a router that reads no replica state, serving requests that
+wait on none, never affect one another (kvsim/fleet/separate.py): each one's
+events depend only on the requests routed to it and on when the front end
+sends its last request. So the replicas can be shared out among processes::
+
+    this process: Fleet (built, not run) ──> tasks: replicas {0, 2, ...}, {1, 3, ...}
+                                                │                     │
+    worker j:  load the scenario, draw the workload, route every request
+               (the same choices), simulate only its replicas (Fleet(only=...)),
+               build their tables (cluster.replica_tables) ──> back, pickled
+                                                │                     │
+    this process: collect_fleet(run, tables) ── the fleet's tables and summaries
+
+Every worker draws the whole workload from the scenario's seed and routes
+all of it, so each sees the same arrivals, router choices and last send as a
+one-process run; the tables are that run's, byte for byte
+(tests/test_fleet_parallel.py). What a worker costs beyond its replicas is
+loading the scenario and drawing and routing the workload (a few % of W7).
+
+The processes are the sweep executor's (kvsim/scenario/executor.py, local
+pool: they die with this process, ignore Ctrl-C, are killed on an error).
+A progress callback is not called: the replicas' clocks live in other
+processes.
+"""
+
+from __future__ import annotations
+
+from kvsim.fleet.runner import Fleet, FleetRun
+from kvsim.scenario.executor import Task, execute
+
+
+def simulate_apart(sc, fleet: Fleet, workers: int, *, fast_path: bool = True):
+    """``fleet`` (built here, never run) simulated by ``workers`` processes:
+    (its FleetRun, without replicas, and each replica's ReplicaTables)."""
+    n = len(fleet.replicas)
+    shares = [list(range(j, n, workers)) for j in range(workers)]   # pools spread evenly
+    raw = {"raw": sc.raw, "base_dir": str(sc.base_dir), "fast_path": fast_path}
+    tasks = [Task(key=j, scenario={**raw, "replicas": share}) for j, share in enumerate(shares)]
+    records: dict[int, dict] = {}
+
+    def on_done(task: Task, record: dict) -> None:
+        if record["summary"] is None:
+            error = RuntimeError(f"a fleet worker simulating replicas {task.scenario['replicas']} "
+                                 f"failed: {record['error']}")
+            if record["traceback"]:
+                error.add_note(f"in the worker:\n{record['traceback'].rstrip()}")
+            raise error
+        records[task.key] = record["summary"]
+
+    execute(tasks, simulate_replicas, on_done, workers=workers)
+    tables = [None] * n
+    for j, share in enumerate(shares):
+        for k, t in zip(share, records[j]["tables"]):
+            tables[k] = t
+    fleet._close()
+    run = FleetRun([], fleet.infos, fleet.pools, fleet.router, records[0]["num_routed"])
+    return run, tables
+
+
+def simulate_replicas(task: dict, _point_dir=None) -> dict:
+    """A worker: the replicas ``task["replicas"]`` of the scenario's fleet, and their tables."""
+    from kvsim.scenario.cluster import fleet_workload, load_cluster, replica_tables
+    from kvsim.scenario.loader import load_scenario
+    from kvsim.sim.gc_pause import collector_paused
+
+    sc = load_scenario(task["raw"], base_dir=task["base_dir"])
+    cluster, plans = load_cluster(sc)
+    workload = fleet_workload(sc, plans)
+    slo = sc.scenario.slo.as_dict() or None
+    only = task["replicas"]
+    with collector_paused():
+        fleet = Fleet(plans, cluster, seed=sc.seed, fast_path=task["fast_path"],
+                      independent=workload.independent and workload.concurrency is None, only=only)
+        run = fleet.run(workload.requests())
+        del fleet
+        tables = [replica_tables(run.replicas[k], run.infos[k], slo) for k in only]
+    return {"tables": tables, "num_routed": run.num_routed}
