@@ -77,3 +77,29 @@ def test_a_mapping_of_columns_is_written_like_its_data_frame(tmp_path):
 def test_columns_of_different_lengths_are_an_error(tmp_path):
     with pytest.raises(ValueError, match="different lengths"):
         write_csv({"a": [1, 2], "b": [1]}, tmp_path / "x.csv")
+
+
+@pytest.mark.parametrize("rows_per_chunk", [1, 7, 64])
+def test_rows_written_in_chunks_are_the_same_bytes(tmp_path, monkeypatch, rows_per_chunk):
+    """A long table is made text a chunk of rows at a time; a chunk's choices (a
+    value table for repeats, -0.0 in one chunk only, a clock that repeats in one
+    chunk only) never change a cell's text."""
+    import kvsim.metrics.tables as tables
+    rng = np.random.default_rng(1)
+    n = 300
+    clock = np.cumsum(rng.random(n))
+    clock[150:160] = clock[150]                                   # repeats in one chunk
+    zeros = np.zeros(n)
+    zeros[200] = -0.0                                             # a signed zero in one chunk
+    frame = pd.DataFrame({
+        "clock": clock, "zeros": zeros,
+        "usage": np.where(rng.random(n) < 0.1, NAN, rng.integers(0, 5, n) / 3.0),
+        "step": np.arange(n), "batch": rng.integers(0, 4, n), "big": rng.integers(0, 2**62, n),
+        "replica": pd.array(rng.choice(["p-0", "p,1", None], n), dtype="string"),
+    })
+    monkeypatch.setattr(tables, "_ROWS_PER_CHUNK", rows_per_chunk)
+    ours, theirs = pandas_and_ours(tmp_path, frame)
+    assert ours == theirs
+    wide = pd.DataFrame({f"c{i}": rng.integers(0, 2**40, n) for i in range(6)})   # the "%d" rows
+    ours, theirs = pandas_and_ours(tmp_path, wide)
+    assert ours == theirs

@@ -23,6 +23,12 @@ import numpy as np
 # distinct (np.unique costs ~0.1 µs a value, repr ~0.5-1 µs).
 _MAX_DISTINCT_SHARE = 0.9
 
+# Rows turned into text and written at a time: a fleet's steps.csv has millions
+# of rows, whose cells as strings all at once took ~0.25 GB per million rows
+# (W7: 3.1 million) on top of the tables, for no gain in speed. A cell's text
+# does not depend on the other rows, so the chunks join to the same bytes.
+_ROWS_PER_CHUNK = 65536
+
 
 def write_csv(table, path: str | Path) -> None:
     """Write ``table`` (a DataFrame, or a mapping of column name to values) to ``path``."""
@@ -41,10 +47,14 @@ def write_csv(table, path: str | Path) -> None:
     elif num_rows == 0:
         body = ""
     else:
-        body = _rows_text(arrays)
+        body = None
     with open(path, "w", encoding="utf-8", newline="") as f:
         f.write(",".join(header) + "\n")
-        f.write(body)
+        if body is not None:
+            f.write(body)
+            return
+        for start in range(0, num_rows, _ROWS_PER_CHUNK):
+            f.write(_rows_text([a[start:start + _ROWS_PER_CHUNK] for a in arrays]))
 
 
 def _rows_text(arrays: list[np.ndarray]) -> str:
