@@ -18,6 +18,7 @@ are arithmetic progressions of steps, and a run's work is known up front:
 
 A step of the run is named by its key ``step * num_seqs + index``: sorted,
 the keys are the step path's order (step by step, batch order within a step).
+Chunk runs (a prompt chunked while the others decode) are kv/chunk_runs.py's.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ class DecodeRunSteps:
 
     def allocate_decode_steps(self, reqs: Sequence, num_computed: Sequence[int],
                               first_allocations: Sequence[int], first_step: int,
-                              last_step: int) -> list[int]:
+                              last_step: int, chunk: int = 0, chunk_left: int = 0) -> list[int]:
         """Steps ``first_step..last_step`` of a decode run: blocks, then caching (A2-A5).
 
         ``num_computed`` and ``first_allocations`` describe the requests before
@@ -123,7 +124,12 @@ class DecodeRunSteps:
         popped blocks are free and cached ones are held, so evictions and
         insertions touch different blocks and leave the hash map in the same
         order.
+
+        ``chunk``: a chunk run, whose last request prefills (kv/chunk_runs.py).
         """
+        if chunk:
+            return self.allocate_chunk_steps(reqs, num_computed, first_allocations, first_step,
+                                             last_step, chunk, chunk_left)
         pool = self.pool
         bs = self.block_size
         num_seqs = len(reqs)

@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvsim.kv.block_pool import NULL_BLOCK_ID, BlockPool
+from kvsim.kv.chunk_runs import ChunkRunSteps
 from kvsim.kv.decode_runs import DecodeRunSteps
 
 
@@ -55,7 +56,7 @@ class PoolQueries:
         return self.pool.free_queue()
 
 
-class KVCacheManager(PoolQueries, DecodeRunSteps):
+class KVCacheManager(PoolQueries, DecodeRunSteps, ChunkRunSteps):
     """Blocks per request, prefix hits, allocation and freeing."""
 
     # A4: full blocks are hashed when they are scheduled, so nothing is cached

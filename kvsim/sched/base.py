@@ -46,7 +46,8 @@ class DecodeRun:
     """Up to ``max_steps`` decode steps the batch can run unchanged (the skip-ahead).
 
     Each step schedules one token for each of the ``num_seqs`` running
-    requests, in running order, and every one of them samples. Nothing the
+    requests, in running order, and every one of them samples (a chunk run:
+    but the last, which takes ``chunk`` prompt tokens). Nothing the
     scheduler or the KV manager decides differs between these steps but the
     context lengths (``context_token_sum`` before step 1, then ``num_seqs``
     more per step) and the blocks allocated at block boundaries. The engine
@@ -70,6 +71,23 @@ class DecodeRun:
     # The rest of a multi-step window (kvsim.sched.multistep): steps scheduled
     # before they began, costed without scheduling and input preparation.
     continuation: bool = False
+    # A chunk run (sched/chunked_runs.py): the last request takes a prefill
+    # chunk of this many tokens each step instead of decoding, until
+    # ``chunk_left`` tokens are computed; it samples in the step that computes
+    # the last of them (``chunk_end_step``, if the run gets there).
+    # ``first_allocations`` are the others'. 0: every request decodes.
+    chunk: int = 0
+    chunk_left: int = 0
+
+    @property
+    def chunk_end_step(self) -> int:
+        """The step (1-based) whose chunk computes the chunked request's last token."""
+        return -(-self.chunk_left // self.chunk)
+
+    def chunk_tokens(self, step: int) -> int:
+        """The chunked request's tokens in ``step`` (1-based)."""
+        left = self.chunk_left - (step - 1) * self.chunk
+        return left if left < self.chunk else self.chunk
 
 
 class Scheduler(Protocol):

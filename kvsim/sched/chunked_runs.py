@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from kvsim.sched.base import DecodeRun, StepPlan
 from kvsim.sched.budget import StepBudget
-from kvsim.sched.request import Request
+from kvsim.sched.request import Request, RequestStatus
 
 
 class ChunkedDecodeRuns:
@@ -30,8 +30,10 @@ class ChunkedDecodeRuns:
         if self._drafts is not None:
             return None          # accepted drafts vary step by step: no run is exact
         batch = self._decoding_batch()
+        if batch is None:
+            return self._plan_chunk_run()
         budget = self.new_budget()
-        if batch is None or len(self.running) > budget.room:
+        if len(self.running) > budget.room:
             return None
         if self.cadence.blocks_run(self.running):
             return None
@@ -39,6 +41,70 @@ class ChunkedDecodeRuns:
         self.refresh_threshold()
         max_steps = min(max_steps, self._steps_waiting_stays_shut(max_steps, computed, budget))
         return self._make_run(max_steps, context_sum, computed, _steps_before_a_block_runs_out)
+
+    def _plan_chunk_run(self) -> DecodeRun | None:
+        """A chunk run: the steps in which the newest running request's prompt
+        goes on in chunks while every other one decodes, as ``schedule()``
+        takes them.
+
+        S2 gives each decode its token (the leading ones, in one KV call on
+        the fast path), then the chunked request ``chunk`` tokens: what the
+        budget leaves, the same every step while the batch is unchanged,
+        and the rest of its prompt in the last of its chunks, in which it
+        samples its first token. The run ends with that step (the batch
+        changes after it) or before it if the waiting queue is not empty
+        (its budget may admit), with the first decode that finishes, and
+        before a step whose blocks are not all free (it would preempt, P1).
+        Nothing is admitted meanwhile: a full chunk spends the budget, or the
+        queue is empty (an arrival ends the run, as it ends a decode run).
+        Only where every step is otherwise plain: no lookahead, threshold,
+        cadence, KV connector, async scheduling or Mamba alignment, and the
+        single-group KV manager.
+        """
+        running = self.running
+        if (len(running) < 1 or self._lookahead or self.cadence.on or self.transfers is not None
+                or self.config.async_scheduling or self._finishing or self.kv.aligns_chunks
+                or not getattr(self.kv, "chunk_runs", False)):
+            return None
+        req = running[-1]
+        computed = self._leading_decodes()
+        d = len(computed)
+        pending = req.prompt_len + req.num_output_tokens - req.num_computed_tokens
+        if d != len(running) - 1 or req.status is not RequestStatus.RUNNING or pending < 2:
+            return None
+        self.refresh_threshold()
+        budget = self.new_budget()
+        if self._threshold or d > budget.room:
+            return None
+        budget.take(d)
+        chunk = self.running_chunk(req, min(budget.tokens, budget.room))
+        if chunk < 2:
+            return None            # a one-token chunk reads as a decode in the step table
+        budget.take(chunk)
+        waiting = len(self.waiting)
+        if budget.open and waiting and len(running) < self.max_num_active_reqs:
+            return None            # budget left to admit the waiting head: step
+        max_steps = (pending - 1) // chunk      # steps whose chunk stops short of the prompt's end
+        last = pending - max_steps * chunk      # the tokens of the one that reaches it
+        if not waiting and (last > 1 or req.num_computed_tokens + max_steps * chunk < req.prompt_len):
+            max_steps += 1                      # that step too: nothing waits for its budget
+        if max_steps < 1:
+            return None
+        if d:
+            max_steps = min(max_steps, min(r.final_num_tokens - r.prompt_len - r.num_output_tokens
+                                           for r in running[:d]))
+        decodes = running[:d]
+        first = self.kv.decode_run_first_allocations(decodes, computed)
+        if first is None:
+            return None
+        computed.append(req.num_computed_tokens)
+        k = self.kv.chunk_run_steps_that_fit(running, computed, first, chunk, pending, max_steps)
+        if k < 1:
+            return None
+        return DecodeRun(num_seqs=len(running), context_token_sum=sum(computed), max_steps=k,
+                         requests=list(running), num_computed=computed, first_allocations=first,
+                         num_free_blocks=self.kv.get_num_free_blocks(), chunk=chunk,
+                         chunk_left=pending)
 
     def _steps_waiting_stays_shut(self, max_steps: int, computed: list[int], budget: StepBudget) -> int:
         """How many of the next decode steps certainly admit nothing (S3, S4).

@@ -139,9 +139,14 @@ class PagedScheduler(QueuedRequests):
 
     def sync_decode_run(self, run: DecodeRun, num_started: int) -> None:
         if num_started > run.steps_allocated:
-            run.free_after += self.kv.allocate_decode_steps(
-                run.requests, run.num_computed, run.first_allocations, run.steps_allocated + 1,
-                num_started)
+            if run.chunk:
+                run.free_after += self.kv.allocate_decode_steps(
+                    run.requests, run.num_computed, run.first_allocations, run.steps_allocated + 1,
+                    num_started, chunk=run.chunk, chunk_left=run.chunk_left)
+            else:
+                run.free_after += self.kv.allocate_decode_steps(
+                    run.requests, run.num_computed, run.first_allocations, run.steps_allocated + 1,
+                    num_started)
             run.steps_allocated = num_started
 
     def apply_decode_run(self, run: DecodeRun, num_steps: int,
@@ -155,12 +160,26 @@ class PagedScheduler(QueuedRequests):
         finished = []
         k = num_steps
         times = array("d", token_times)         # converted once: each request copies the doubles
-        for r in run.requests:
+        reqs = run.requests
+        if run.chunk:
+            reqs = reqs[:-1]                     # the last one prefills (a chunk run)
+        for r in reqs:
             r.num_computed_tokens += k
             r.num_output_tokens = out = r.num_output_tokens + k
             r.token_times.extend(times)
             if r.prompt_len + out >= r.final_num_tokens:      # is_finished
                 finished.append(r)
+        if run.chunk:
+            r = run.requests[-1]
+            r.num_computed_tokens += min(k * run.chunk, run.chunk_left)
+            if k == run.chunk_end_step:          # its last chunk: it samples (S7)
+                now = token_times[-1]
+                r.num_output_tokens = out = r.num_output_tokens + 1
+                r.token_times.append(now)
+                if len(r.token_times) == 1:
+                    r.first_token_time = now
+                if r.prompt_len + out >= r.final_num_tokens:
+                    finished.append(r)
         finished = self.finish_requests(finished, token_times[-1])
         self._after_step(token_times[-1])
         return finished

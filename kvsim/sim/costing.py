@@ -43,6 +43,8 @@ class StepCosts:
         """Boundaries and durations of the run's steps that start before ``until``;
         ``one_more``: and the first that does not (it was scheduled already)."""
         n, context = run.num_seqs, run.context_token_sum
+        if run.chunk:
+            return self._chunk_run(run, start, until)
         if run.continuation:
             return self._continuation_run(n, context, start, run.max_steps, until)
         times, durations = self._run(n, context, start, run.max_steps, until)
@@ -50,4 +52,33 @@ class StepCosts:
             more_times, more = self._run(n, context + n * len(durations), times[-1], 1, math.inf)
             times += more_times[1:]
             durations += more
+        return times, durations
+
+    def _chunk_run(self, run: DecodeRun, start: float, until: float) -> tuple[array, array]:
+        """A chunk run's steps (sched/chunked_runs.py), each costed as ``step`` costs
+        the step path's plan of it: the decodes' one token each, then the chunk,
+        in running order, from the contexts the step starts with; the decodes
+        sample, and the chunked request in its last chunk. The clock adds up
+        left to right, as the step path's does."""
+        step_time = self._step
+        computed, chunk = run.num_computed, run.chunk
+        decodes = computed[:-1]
+        d = len(decodes)
+        num_new = [1] * d + [chunk]
+        end = run.chunk_end_step
+        times, durations = array("d", (start,)), array("d")
+        t = start
+        for k in range(run.max_steps):
+            if t >= until:
+                break
+            context = [c + k for c in decodes]
+            context.append(computed[-1] + k * chunk)
+            sampled = d
+            if k + 1 == end:                    # its last chunk: the rest of its prompt
+                num_new[-1] = run.chunk_tokens(end)
+                sampled += 1
+            d_s = step_time(num_new, context, sampled, 0) + 0.0    # StepPlan's swap_bytes, kv_wait_s
+            t += d_s
+            times.append(t)
+            durations.append(d_s)
         return times, durations

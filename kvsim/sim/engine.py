@@ -353,6 +353,9 @@ class Engine(EngineRecords):
             return                                   # cut before its first step began
         self._inbox.step_started(times[k - 1])
         finished = self.scheduler.apply_decode_run(run, k, times[1:k + 1])
+        if run.chunk and self.queue_limits is not None:
+            # A chunk run's request that got its first token leaves the prefill backlog.
+            self.queue_limits.outputs(((run.requests[-1], run.chunk, 0),))
         self._record_run(flight, finished)
         self._finish(finished)
 

@@ -104,16 +104,22 @@ class EngineRecords:
         first = self.steps.next_step
         free = run.free_after[:k]
         free[-1] = sched.num_free_blocks()               # after the finished were freed
+        # A chunk run that reached its request's last chunk: that step's chunk and sample.
+        last_chunk = run.chunk_tokens(k) if run.chunk and k == run.chunk_end_step else 0
         self.steps.add_run(flight.times[:k], flight.durations[:k], free, b, waiting, len(finished),
-                           sched.num_usable_blocks)
+                           sched.num_usable_blocks, run.chunk, last_chunk)
         self.num_run_steps += k
         self.num_runs += 1
         if self.trace is not None:
-            ids = [r.request_id for r in run.requests]
+            scheduled = dict.fromkeys((r.request_id for r in run.requests), 1)
+            if run.chunk:
+                scheduled[run.requests[-1].request_id] = run.chunk
             for j in range(k):
                 last = j == k - 1
+                if last and last_chunk:
+                    scheduled[run.requests[-1].request_id] = last_chunk
                 self.trace({"step": first + j, "start_time": float(flight.times[j]),
-                            "scheduled": dict.fromkeys(ids, 1), "preempted": [],
+                            "scheduled": dict(scheduled), "preempted": [],
                             "finished": [r.request_id for r in finished] if last else [],
                             "num_free_blocks": int(free[j]),
                             "num_running": b - len(finished) if last else b,

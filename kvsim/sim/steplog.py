@@ -23,7 +23,7 @@ class StepLog:
     def __init__(self, first_step: int = 0) -> None:
         self._rows: dict[str, list] = {c: [] for c in self.COLUMNS}
         # Decode runs: one (first step, K, batch size, waiting, finished in the
-        # last step, usable blocks) each; their per-step values in flat arrays.
+        # last step, usable blocks, chunk, last chunk) each; their per-step values in flat arrays.
         self._runs: list[tuple] = []
         self._run_starts = array("d")          # (the cost model's arrays, appended)
         self._run_durations = array("d")
@@ -45,10 +45,14 @@ class StepLog:
         self._len += 1
 
     def add_run(self, starts: array, durations: array, free_after: list[int],
-                batch: int, waiting: int, num_finished: int, usable_blocks: int) -> None:
-        """K decode steps of ``batch`` requests; the last one finishes ``num_finished``."""
+                batch: int, waiting: int, num_finished: int, usable_blocks: int,
+                chunk: int = 0, last_chunk: int = 0) -> None:
+        """K decode steps of ``batch`` requests; the last one finishes ``num_finished``.
+        ``chunk``: a chunk run, whose last request prefills that many tokens a
+        step; ``last_chunk``: in the last step, the rest of its prompt, and it samples."""
         k = len(durations)
-        self._runs.append((self.next_step, k, batch, waiting, num_finished, usable_blocks))
+        self._runs.append((self.next_step, k, batch, waiting, num_finished, usable_blocks, chunk,
+                           last_chunk))
         self._run_starts.extend(starts)
         self._run_durations.extend(durations)
         self._run_free.extend(free_after)
@@ -65,13 +69,19 @@ class StepLog:
             for c, values in self._rows.items():
                 out[c][at] = values
         if self._runs:
-            firsts, ks, batch, waiting, fin, usable = (np.asarray(v, dtype=np.int64)
-                                                        for v in zip(*self._runs))
+            firsts, ks, batch, waiting, fin, usable, chunk, last_chunk = (
+                np.asarray(v, dtype=np.int64) for v in zip(*self._runs))
             total = len(self._run_durations)
             ends = np.cumsum(ks)
             last = ends - 1                              # index of each run's last step
             at = np.repeat(firsts - self.first_step, ks) + np.arange(total) - np.repeat(ends - ks, ks)
             b = np.repeat(batch, ks)
+            prefill = np.repeat(chunk, ks)
+            decodes = b - (prefill > 0)                  # a chunk run's last request prefills
+            generated = decodes.copy()
+            reached = last[last_chunk > 0]               # chunk runs that reached the last chunk
+            prefill[reached] = last_chunk[last_chunk > 0]
+            generated[reached] += 1
             free = np.array(self._run_free, dtype=np.int64)
             running = b.copy()
             running[last] -= fin
@@ -82,8 +92,8 @@ class StepLog:
                 # Copies, not views: a view would stop the arrays from growing.
                 "start_time_s": np.array(self._run_starts, dtype=float),
                 "duration_s": np.array(self._run_durations, dtype=float),
-                "num_prefill_tokens": 0,
-                "num_decode_tokens": b,
+                "num_prefill_tokens": prefill,
+                "num_decode_tokens": decodes,
                 "num_scheduled_reqs": b,
                 "num_running": running,
                 "num_waiting": np.repeat(waiting, ks),
@@ -91,7 +101,7 @@ class StepLog:
                 "num_finished": finished,
                 "num_free_blocks": free,
                 "kv_cache_usage": 1.0 - free / np.repeat(usable, ks),
-                "num_generated_tokens": b,
+                "num_generated_tokens": generated,
             }
             for c, values in cols.items():
                 out[c][at] = values
