@@ -4,7 +4,6 @@ and files, byte for byte."""
 
 from __future__ import annotations
 
-import copy
 import json
 import multiprocessing
 
@@ -19,26 +18,14 @@ from kvsim.scenario import cluster_parallel
 from kvsim.scenario.cluster import fleet_workers, load_cluster, simulate_cluster
 from kvsim.scenario.loader import load_scenario
 from kvsim.vllm_outputs import write_vllm_outputs
-
-BASE = {
-    "name": "parallel-test", "seed": 3, "model": "llama-3.1-8b", "hardware": {"gpu": "h100-sxm", "tp": 1},
-    "engine": {"max_model_len": 4096, "max_num_batched_tokens": 1024, "max_num_seqs": 64,
-               "num_gpu_blocks_override": 600},
-    "cost_model": {"type": "roofline"},
-    "workload": {"num_requests": 120, "arrival": {"type": "poisson", "rate": 40.0},
-                 "prompt_len": {"type": "lognormal", "median": 300, "sigma": 0.6, "min": 16, "max": 2000},
-                 "output_len": {"type": "lognormal", "median": 60, "sigma": 0.5, "min": 4, "max": 400},
-                 "prefix": {"shared_prompt_tokens": 256, "num_groups": 4}},
-    "cluster": {"replicas": 5},
-}
+from tests.test_fleet_separate import scenario as separate_scenario
 
 
 def scenario(cluster=None, engine=None, **workload):
-    data = copy.deepcopy(BASE)
-    data["workload"].update(workload)
-    data["cluster"].update(cluster or {})
-    data["engine"].update(engine or {})
-    return data
+    """test_fleet_separate's fleet, on 5 replicas and 120 requests."""
+    return separate_scenario({"replicas": 5, **(cluster or {})}, engine,
+                             **{"num_requests": 120, "arrival": {"type": "poisson", "rate": 40.0},
+                                **workload})
 
 
 def nan_free(obj):

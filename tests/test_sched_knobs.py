@@ -111,8 +111,9 @@ request_lists = st.lists(
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(knobs=knob_settings, requests=request_lists, cut=st.integers(0, 3))
 def test_a_decode_run_leaves_the_scheduler_as_its_steps_do(knobs, requests, cut):
-    """Wherever the scheduler offers a decode run (even right after an arrival),
-    applying its first k steps at once gives the state k single steps give."""
+    """Wherever the scheduler offers a decode run or a chunk run (even right
+    after an arrival), applying its first k steps at once gives the state k
+    single steps give."""
     if knobs["max_num_active_seqs"] is not None:
         knobs["max_num_active_seqs"] = min(knobs["max_num_active_seqs"], knobs["max_num_seqs"])
     config = SchedulerConfig(block_size=4, max_model_len=36, **knobs)
@@ -147,8 +148,11 @@ def test_a_decode_run_leaves_the_scheduler_as_its_steps_do(knobs, requests, cut)
             sched.apply_decode_run(run, k, [now + j + 1 for j in range(k)])
             for j in range(k):
                 plan = twin.schedule()
-                assert [(r.request_id, n) for r, n, _ in plan.scheduled] == \
-                    [(r.request_id, 1) for r in run.requests], f"step {j + 1} of a run of {k}"
+                expected = [(r.request_id, 1) for r in run.requests]
+                if run.chunk:                     # a chunk run: the last request prefills
+                    expected[-1] = (run.requests[-1].request_id, run.chunk_tokens(j + 1))
+                assert [(r.request_id, n) for r, n, _ in plan.scheduled] == expected, \
+                    f"step {j + 1} of a run of {k}"
                 twin.update_from_output(plan, now + j + 1)
             assert state(sched) == state(twin)
             now += k

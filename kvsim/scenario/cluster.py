@@ -144,7 +144,7 @@ def simulate_cluster(scenario, *, overrides=None, fast_path: bool = True, trace=
         workers = fleet_workers(cluster, len(fleet.replicas)) if fleet.separate else 1
         if workers > 1:
             from kvsim.scenario.cluster_parallel import simulate_apart
-            run, tables = simulate_apart(sc, fleet, workers, fast_path=fast_path)
+            run, tables = simulate_apart(sc, fleet, workers, simulate_share, fast_path=fast_path)
         else:
             run, tables = fleet.run(workload.requests(), concurrency=workload.concurrency), None
         del fleet
@@ -182,6 +182,23 @@ class ReplicaTables:
     itl: np.ndarray
     summary: dict                    # summarize(...) and computed_tokens
     stats: EngineStats
+
+
+def simulate_share(task: dict, _point_dir=None) -> dict:
+    """A worker of kvsim/scenario/cluster_parallel.py: the replicas ``task["replicas"]``
+    of the scenario's fleet (every request routed, only theirs simulated), and their tables."""
+    sc = load_scenario(task["raw"], base_dir=task["base_dir"])
+    cluster, plans = load_cluster(sc)
+    workload = fleet_workload(sc, plans)
+    slo = sc.scenario.slo.as_dict() or None
+    only = task["replicas"]
+    with collector_paused():
+        fleet = Fleet(plans, cluster, seed=sc.seed, fast_path=task["fast_path"],
+                      independent=workload.independent and workload.concurrency is None, only=only)
+        run = fleet.run(workload.requests())
+        del fleet
+        tables = [replica_tables(run.replicas[k], run.infos[k], slo) for k in only]
+    return {"tables": tables, "num_routed": run.num_routed}
 
 
 def replica_tables(replica, info, slo: dict | None) -> ReplicaTables:

@@ -9,7 +9,7 @@ sends its last request. So the replicas can be shared out among processes::
                                                 │                     │
     worker j:  load the scenario, draw the workload, route every request
                (the same choices), simulate only its replicas (Fleet(only=...)),
-               build their tables (cluster.replica_tables) ──> back, pickled
+               build their tables (cluster.simulate_share) ──> back, pickled
                                                 │                     │
     this process: collect_fleet(run, tables) ── the fleet's tables and summaries
 
@@ -31,9 +31,11 @@ from kvsim.fleet.runner import Fleet, FleetRun
 from kvsim.scenario.executor import Task, execute
 
 
-def simulate_apart(sc, fleet: Fleet, workers: int, *, fast_path: bool = True):
-    """``fleet`` (built here, never run) simulated by ``workers`` processes:
-    (its FleetRun, without replicas, and each replica's ReplicaTables)."""
+def simulate_apart(sc, fleet: Fleet, workers: int, run_share, *, fast_path: bool = True):
+    """``fleet`` (built here, never run) simulated by ``workers`` processes, each
+    running ``run_share(task) -> {"tables": [...], "num_routed": [...]}`` on its
+    replicas (``kvsim.scenario.cluster.simulate_share``): (the FleetRun, without
+    replicas, and each replica's tables)."""
     n = len(fleet.replicas)
     shares = [list(range(j, n, workers)) for j in range(workers)]   # pools spread evenly
     raw = {"raw": sc.raw, "base_dir": str(sc.base_dir), "fast_path": fast_path}
@@ -49,7 +51,7 @@ def simulate_apart(sc, fleet: Fleet, workers: int, *, fast_path: bool = True):
             raise error
         records[task.key] = record["summary"]
 
-    execute(tasks, simulate_replicas, on_done, workers=workers)
+    execute(tasks, run_share, on_done, workers=workers)
     tables = [None] * n
     for j, share in enumerate(shares):
         for k, t in zip(share, records[j]["tables"]):
@@ -57,23 +59,3 @@ def simulate_apart(sc, fleet: Fleet, workers: int, *, fast_path: bool = True):
     fleet._close()
     run = FleetRun([], fleet.infos, fleet.pools, fleet.router, records[0]["num_routed"])
     return run, tables
-
-
-def simulate_replicas(task: dict, _point_dir=None) -> dict:
-    """A worker: the replicas ``task["replicas"]`` of the scenario's fleet, and their tables."""
-    from kvsim.scenario.cluster import fleet_workload, load_cluster, replica_tables
-    from kvsim.scenario.loader import load_scenario
-    from kvsim.sim.gc_pause import collector_paused
-
-    sc = load_scenario(task["raw"], base_dir=task["base_dir"])
-    cluster, plans = load_cluster(sc)
-    workload = fleet_workload(sc, plans)
-    slo = sc.scenario.slo.as_dict() or None
-    only = task["replicas"]
-    with collector_paused():
-        fleet = Fleet(plans, cluster, seed=sc.seed, fast_path=task["fast_path"],
-                      independent=workload.independent and workload.concurrency is None, only=only)
-        run = fleet.run(workload.requests())
-        del fleet
-        tables = [replica_tables(run.replicas[k], run.infos[k], slo) for k in only]
-    return {"tables": tables, "num_routed": run.num_routed}
