@@ -169,3 +169,19 @@ def test_bad_workers_is_one_line(bad):
         parse_cluster_config({"replicas": 2, "workers": bad})
     assert str(info.value) == (f"cluster.workers: got {bad!r}; allowed: an integer >= 1 (processes) or "
                                f"'auto' (every core this process may use)")
+
+
+def test_a_worker_that_dies_is_one_line(monkeypatch):
+    """A worker killed (out of memory, SIGKILL) fails the run with one line naming the key."""
+    import os
+    import signal
+
+    def killed(*_args, **_kwargs):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    monkeypatch.setattr(cluster_module, "replica_tables", killed)
+    with pytest.raises(ChildProcessError) as info:
+        simulate_cluster(scenario({"workers": 2}))
+    assert str(info.value).startswith("cluster.workers: a worker simulating replicas [")
+    assert "failed: worker process died (killed by SIGKILL); fewer workers" in str(info.value)
+

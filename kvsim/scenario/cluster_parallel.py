@@ -43,11 +43,17 @@ def simulate_apart(sc, fleet: Fleet, workers: int, run_share, *, fast_path: bool
     records: dict[int, dict] = {}
 
     def on_done(task: Task, record: dict) -> None:
+        share = task.scenario["replicas"]
+        if record["summary"] is None and not record["traceback"]:
+            # The process died (killed, out of memory): one line, as for a full disk.
+            why = record["error"].removesuffix(" while this point was running")
+            raise ChildProcessError(f"cluster.workers: a worker simulating replicas {share} failed: "
+                                    f"{why}; fewer workers need less memory at once "
+                                    f"(cluster.workers: 1 runs the fleet in this process)")
         if record["summary"] is None:
-            error = RuntimeError(f"a fleet worker simulating replicas {task.scenario['replicas']} "
-                                 f"failed: {record['error']}")
-            if record["traceback"]:
-                error.add_note(f"in the worker:\n{record['traceback'].rstrip()}")
+            # An exception in the worker: the one-process run would raise it too.
+            error = RuntimeError(f"a fleet worker simulating replicas {share} failed: {record['error']}")
+            error.add_note(f"in the worker:\n{record['traceback'].rstrip()}")
             raise error
         records[task.key] = record["summary"]
 

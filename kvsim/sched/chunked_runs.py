@@ -69,9 +69,11 @@ class ChunkedDecodeRuns:
         req = running[-1]
         computed = self._leading_decodes()
         d = len(computed)
-        pending = req.prompt_len + req.num_output_tokens - req.num_computed_tokens
-        if d != len(running) - 1 or req.status is not RequestStatus.RUNNING or pending < 2:
-            return None
+        num_tokens = req.prompt_len + req.num_output_tokens
+        pending = num_tokens - req.num_computed_tokens
+        if (d != len(running) - 1 or req.status is not RequestStatus.RUNNING or pending < 2
+                or num_tokens >= self.config.max_model_len):
+            return None            # (below max_model_len its cap never cuts a chunk of the run)
         self.refresh_threshold()
         budget = self.new_budget()
         if self._threshold or d > budget.room:
