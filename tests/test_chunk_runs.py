@@ -201,15 +201,15 @@ def test_no_chunk_run_where_a_step_is_not_plain(engine, monkeypatch):
     assert planned == []
 
 
-def test_a_long_prefill_threshold_runs_chunks_only_alone(monkeypatch):
-    """The threshold cuts chunks unless the request is alone in the system (N4):
-    chunk runs then, and the steps match."""
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_a_long_prefill_threshold_cuts_every_chunk_of_a_run(adaptive, monkeypatch):
+    """The threshold (N4; adaptive: floored at the fair share) is the same in every
+    step of a run, since nothing arrives or leaves; alone in the system, none."""
     planned = count_chunk_runs(monkeypatch)
-    sc = scenario(long_prefill_token_threshold=64)
-    sc["workload"]["arrival"] = {"type": "poisson", "rate": 0.5}
-    sc["workload"]["num_requests"] = 30
-    assert_fast_is_step(sc)
-    assert planned
+    sc = scenario(long_prefill_token_threshold=48, long_prefill_token_threshold_adaptive=adaptive)
+    fast = assert_fast_is_step(sc)
+    assert len(planned) > 10
+    assert (fast.steps["num_prefill_tokens"] == 48).any()
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -57,9 +57,10 @@ class ChunkedDecodeRuns:
         before a step whose blocks are not all free (it would preempt, P1).
         Nothing is admitted meanwhile: a full chunk spends the budget, or the
         queue is empty (an arrival ends the run, as it ends a decode run).
-        Only where every step is otherwise plain: no lookahead, threshold,
-        cadence, KV connector, async scheduling or Mamba alignment, and the
-        single-group KV manager.
+        A long-prefill threshold cuts every chunk alike (the requests in the
+        system do not change during the run). Only where every step is
+        otherwise plain: no lookahead, cadence, KV connector, async
+        scheduling or Mamba alignment, and the single-group KV manager.
         """
         running = self.running
         if (len(running) < 1 or self._lookahead or self.cadence.on or self.transfers is not None
@@ -74,12 +75,12 @@ class ChunkedDecodeRuns:
         if (d != len(running) - 1 or req.status is not RequestStatus.RUNNING or pending < 2
                 or num_tokens >= self.config.max_model_len):
             return None            # (below max_model_len its cap never cuts a chunk of the run)
-        self.refresh_threshold()
+        self.refresh_threshold()                # constant in the run: nothing arrives or leaves
         budget = self.new_budget()
-        if self._threshold or d > budget.room:
+        if d > budget.room:
             return None
         budget.take(d)
-        chunk = self.running_chunk(req, min(budget.tokens, budget.room))
+        chunk = self.running_chunk(req, min(budget.tokens, budget.room))   # the threshold's cut too
         if chunk < 2:
             return None            # a one-token chunk reads as a decode in the step table
         budget.take(chunk)
