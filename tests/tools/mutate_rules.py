@@ -46,6 +46,13 @@ MUTATIONS = {
         "return max_steps if first is None else first"),
     "N4 threshold ignored when alone": ("kvsim/sched/chunked.py",
         "            if num_in_system <= 1:", "            if num_in_system <= 0:"),
+    # Chunk runs (skip-ahead only): a prompt chunked while the others decode.
+    "P1 a chunk run stops before a block runs out": ("kvsim/kv/chunk_runs.py",
+        "        return lo\n", "        return lo + 1\n"),
+    "S3 a chunk run's last chunk only when nothing waits": ("kvsim/sched/chunked_runs.py",
+        "        if not waiting and (last > 1", "        if (last > 1"),
+    "A1 a chunk's blocks come after its step's decodes": ("kvsim/kv/chunk_runs.py",
+        "        end = step * n + n - 1", "        end = step * n - 1"),
 }
 TESTS = ["tests/test_oracle_traces.py", "tests/test_fast_path.py", "tests/test_kv_vectors.py",
          "tests/test_sched_vectors.py", "tests/test_connector.py"]
@@ -62,7 +69,8 @@ for name, (path, old, new) in MUTATIONS.items():
     for label, args in (("skip-ahead", ["tests/test_oracle_traces.py", "-k", "skip-ahead"]),
                         ("step-by-step", ["tests/test_oracle_traces.py", "-k", "step-by-step"]),
                         ("fast-vs-step", ["tests/test_fast_path.py"]),
-                        ("vectors", ["tests/test_kv_vectors.py", "tests/test_sched_vectors.py"])):
+                        ("vectors", ["tests/test_kv_vectors.py", "tests/test_sched_vectors.py"]),
+                        ("chunk-runs", ["tests/test_chunk_runs.py", "tests/test_sched_knobs.py"])):
         out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
                              cwd=tmp, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": tmp})
         last = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-200:]
