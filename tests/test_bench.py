@@ -372,3 +372,12 @@ def test_compare_of_this_tree_with_itself_runs_both_and_finds_the_same_summary(t
                    scenarios=this_tree() / "scenarios" / "bench", log=lines.append)
     assert "Same summary from both versions: yes." in text
     assert sum("pair 1/1" in line for line in lines) == 2
+
+
+def test_the_report_gives_the_host_speed_at_start_and_end():
+    from kvsim.bench.render import reference_loop_ms
+    ms = reference_loop_ms(repeats=1)
+    assert 0 < ms < 10_000
+    text = report([], machine={**MACHINE, "reference_loop_ms": 31.25}, reference_end_ms=35.5)
+    assert "took 31.2 ms of CPU at the start, 35.5 ms at the end" in text
+    assert "Host speed" not in report([])                  # a machine record without it: no line

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from kvsim.bench.measure import measure_workload, profile_w1
-from kvsim.bench.render import git_commit, machine_info, render_report
+from kvsim.bench.render import git_commit, machine_info, reference_loop_ms, render_report
 from kvsim.bench.workloads import (DEFAULT_OUT, DEFAULT_SCENARIOS, DEFAULT_WORKLOADS, TARGETS, WORKLOADS,
                                    judge, target_value)
 from kvsim.scenario.outputs import atomic_open, check_output_file
@@ -98,7 +98,8 @@ def bench_command(args: argparse.Namespace, *, log=print) -> int:
     command = " ".join(["kvsim bench", *_argv_text(args)])
     machine = machine_info()
     started = time.strftime("%Y-%m-%d %H:%M %Z")
-    log(f"kvsim bench: load average {machine['loadavg'][0]:.2f} on {machine['cores']} cores")
+    log(f"kvsim bench: load average {machine['loadavg'][0]:.2f} on {machine['cores']} cores; "
+        f"reference loop {machine['reference_loop_ms']:.1f} ms")
     measurements = []
     with tempfile.TemporaryDirectory(prefix="kvsim-bench-") as tmp:
         workdir = Path(tmp)
@@ -113,7 +114,8 @@ def bench_command(args: argparse.Namespace, *, log=print) -> int:
                    if args.profile else None)
     text = render_report(measurements, machine=machine, load_end=os.getloadavg(), command=command,
                          reps=args.reps, heavy_reps=args.heavy_reps, quick=args.quick, requests=args.requests,
-                         commit=git_commit(), profile=profile, started=started)
+                         commit=git_commit(), profile=profile, started=started,
+                         reference_end_ms=reference_loop_ms())
     out = Path(args.out)
     with atomic_open(out, option="--out") as f:
         f.write(text)

@@ -12,6 +12,27 @@ from kvsim.bench.measure import Measurement
 from kvsim.bench.workloads import (METRICS, PEER_EVENT_LOOP_S, PEER_WALL_S, REPORT_COLUMNS, TARGETS, judge,
                                    target_value)
 
+def reference_loop_ms(repeats: int = 5) -> float:
+    """CPU milliseconds of a fixed pure-Python loop (dict inserts and deletes, list
+    appends: the engine's kind of work), the best of ``repeats``. How fast this
+    host runs Python right now: on a shared machine it drifts by tens of percent
+    within an hour, and a workload's time drifts with it."""
+    import time
+
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.process_time()
+        table: dict[int, int] = {}
+        items: list[int] = []
+        for i in range(100_000):
+            table[i * 2654435761 % 1_000_003] = i
+            items.append(i)
+        for i in range(0, 100_000, 2):
+            del table[i * 2654435761 % 1_000_003]
+        best = min(best, time.process_time() - start)
+    return 1e3 * best
+
+
 def machine_info() -> dict:
     import numpy
 
@@ -26,6 +47,7 @@ def machine_info() -> dict:
     return {
         "cpu": cpu, "cores": len(os.sched_getaffinity(0)), "python": platform.python_version(),
         "numpy": numpy.__version__, "loadavg": os.getloadavg(),
+        "reference_loop_ms": reference_loop_ms(),
     }
 
 
@@ -139,7 +161,7 @@ def attribution_table(m: Measurement) -> list[str]:
 
 def render_report(measurements: list[Measurement], *, machine: dict, load_end: tuple, command: str,
                   reps: int, heavy_reps: int = 1, quick: bool, requests: int | None, commit: str,
-                  profile: dict | None, started: str) -> str:
+                  profile: dict | None, started: str, reference_end_ms: float | None = None) -> str:
     cores = machine["cores"]
     load1 = machine["loadavg"][0]
     scaled = requests is not None
@@ -158,6 +180,12 @@ def render_report(measurements: list[Measurement], *, machine: dict, load_end: t
             f"| {machine['cpu']} | {cores} | {machine['python']} | {machine['numpy']} | "
             f"{' / '.join(f'{x:.2f}' for x in machine['loadavg'])} | "
             f"{' / '.join(f'{x:.2f}' for x in load_end)} |", ""]
+    start_ms = machine.get("reference_loop_ms")
+    if start_ms is not None:
+        end = "" if reference_end_ms is None else f", {reference_end_ms:.1f} ms at the end"
+        out += [f"Host speed: a fixed pure-Python loop (`kvsim.bench.render.reference_loop_ms`, best "
+                f"of 5) took {start_ms:.1f} ms of CPU at the start{end}. Compare it between reports "
+                "before comparing their times: the same code runs slower when it is higher.", ""]
     if max(load1, load_end[0]) > 1:
         out += [f"The machine is shared with other engineers: a load average above 1 (here "
                 f"{load1:.2f} at the start, {load_end[0]:.2f} at the end, on {cores} cores) means "
