@@ -205,13 +205,18 @@ def sample_tokens(plan: StepPlan, now: float) -> list[Request]:
     """
     finished = []
     for req, _, _ in plan.scheduled:
-        out = req.num_output_tokens
-        if req.num_computed_tokens < req.prompt_len + out:     # num_tokens
-            continue
-        req.num_output_tokens = out = out + 1
-        req.token_times.append(now)
-        if len(req.token_times) == 1:
-            req.first_token_time = now
-        if req.prompt_len + out >= req.final_num_tokens:      # is_finished
-            finished.append(req)
+        if req.num_computed_tokens >= req.prompt_len + req.num_output_tokens:   # num_tokens
+            if sample_token(req, now):
+                finished.append(req)
     return finished
+
+
+def sample_token(req: Request, now: float) -> bool:
+    """S7 for one request that computed its last token: it gets one at ``now``
+    (its first sets the first-token time). True if it has now generated all its
+    tokens. (A chunk run's request samples so in its last chunk, sched/paged.py.)"""
+    req.num_output_tokens = out = req.num_output_tokens + 1
+    req.token_times.append(now)
+    if len(req.token_times) == 1:
+        req.first_token_time = now
+    return req.prompt_len + out >= req.final_num_tokens      # is_finished

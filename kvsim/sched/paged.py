@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from array import array
 
-from kvsim.sched.base import DecodeRun
+from kvsim.sched.base import DecodeRun, sample_token
 from kvsim.sched.config import SchedulerConfig
 from kvsim.sched.queues import QueuedRequests
 from kvsim.sched.request import Request, RequestStatus
@@ -139,14 +139,11 @@ class PagedScheduler(QueuedRequests):
 
     def sync_decode_run(self, run: DecodeRun, num_started: int) -> None:
         if num_started > run.steps_allocated:
-            if run.chunk:
-                run.free_after += self.kv.allocate_decode_steps(
-                    run.requests, run.num_computed, run.first_allocations, run.steps_allocated + 1,
-                    num_started, chunk=run.chunk, chunk_left=run.chunk_left)
-            else:
-                run.free_after += self.kv.allocate_decode_steps(
-                    run.requests, run.num_computed, run.first_allocations, run.steps_allocated + 1,
-                    num_started)
+            # A chunk run's sizes only to the manager that plans them (kv/chunk_runs.py).
+            chunk = {"chunk": run.chunk, "chunk_left": run.chunk_left} if run.chunk else {}
+            run.free_after += self.kv.allocate_decode_steps(
+                run.requests, run.num_computed, run.first_allocations, run.steps_allocated + 1,
+                num_started, **chunk)
             run.steps_allocated = num_started
 
     def apply_decode_run(self, run: DecodeRun, num_steps: int,
@@ -172,14 +169,8 @@ class PagedScheduler(QueuedRequests):
         if run.chunk:
             r = run.requests[-1]
             r.num_computed_tokens += min(k * run.chunk, run.chunk_left)
-            if k == run.chunk_end_step:          # its last chunk: it samples (S7)
-                now = token_times[-1]
-                r.num_output_tokens = out = r.num_output_tokens + 1
-                r.token_times.append(now)
-                if len(r.token_times) == 1:
-                    r.first_token_time = now
-                if r.prompt_len + out >= r.final_num_tokens:
-                    finished.append(r)
+            if k == run.chunk_end_step and sample_token(r, token_times[-1]):   # its last chunk (S7)
+                finished.append(r)
         finished = self.finish_requests(finished, token_times[-1])
         self._after_step(token_times[-1])
         return finished
