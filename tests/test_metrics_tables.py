@@ -103,3 +103,52 @@ def test_rows_written_in_chunks_are_the_same_bytes(tmp_path, monkeypatch, rows_p
     wide = pd.DataFrame({f"c{i}": rng.integers(0, 2**40, n) for i in range(6)})   # the "%d" rows
     ours, theirs = pandas_and_ours(tmp_path, wide)
     assert ours == theirs
+
+
+def _mixed_table(n, seed=2):
+    rng = np.random.default_rng(seed)
+    clock = np.cumsum(rng.random(n))
+    return pd.DataFrame({
+        "clock": clock, "usage": np.where(rng.random(n) < 0.1, NAN, rng.integers(0, 5, n) / 3.0),
+        "step": np.arange(n), "batch": rng.integers(0, 4, n), "big": rng.integers(0, 2**62, n),
+        "zeros": np.where(rng.random(n) < 0.05, -0.0, 0.0),
+        "replica": pd.array(rng.choice(["p-0", "p,1", None], n), dtype="string"),
+    })
+
+
+@pytest.mark.parametrize("workers", [2, 3, 7])
+def test_rows_made_text_in_several_processes_are_the_same_bytes(tmp_path, monkeypatch, workers):
+    """Forked children make parts of the rows text; the file is pandas' (and the
+    one-process file) byte for byte, with no part file left beside it."""
+    import kvsim.metrics.tables as tables
+    monkeypatch.setattr(tables, "_ROWS_PER_CHUNK", 37)             # parts cut across chunks
+    frame = _mixed_table(1000)
+    frame.to_csv(tmp_path / "pandas.csv", index=False)
+    write_csv(frame, tmp_path / "ours.csv", workers=workers)
+    assert (tmp_path / "ours.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ours.csv", "pandas.csv"]
+
+
+def test_a_failed_child_costs_only_time(tmp_path):
+    """A child that cannot write its part (a folder where its part file goes)
+    exits with an error; this process makes that part itself."""
+    frame = _mixed_table(500)
+    (tmp_path / "ours.csv.part1").mkdir()
+    write_csv(frame, tmp_path / "ours.csv", workers=3)
+    frame.to_csv(tmp_path / "pandas.csv", index=False)
+    assert (tmp_path / "ours.csv").read_bytes() == (tmp_path / "pandas.csv").read_bytes()
+    assert not (tmp_path / "ours.csv.part2").exists()
+
+
+def test_processes_only_for_long_tables_and_never_in_a_daemonic_process(monkeypatch):
+    import multiprocessing
+    import os
+    import sys
+
+    import kvsim.metrics.tables as tables
+    long = 100 * tables._MIN_ROWS_PER_WORKER
+    assert tables._row_workers(2 * tables._MIN_ROWS_PER_WORKER - 1) == 1
+    cores = len(os.sched_getaffinity(0)) if sys.platform == "linux" else 1
+    assert tables._row_workers(long) == cores
+    monkeypatch.setattr(multiprocessing.current_process(), "daemon", True)    # a sweep's worker
+    assert tables._row_workers(long) == 1
