@@ -69,6 +69,20 @@ def test_workers_give_the_one_process_tables(workers, monkeypatch):
     assert many.stats.num_runs > 0 and sum(many.run.num_routed) == 120
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_replicas_gaps_are_held_once(workers):
+    """Each replica's gaps are a view of the fleet's (W7: 0.3 GB held once, not
+    twice), in the replicas' order, whichever process built them."""
+    result = simulate_cluster(scenario({"workers": workers}))
+    whole = result.itl_s
+    assert sum(map(len, result.replica_itls)) == len(whole) > 0
+    start = 0
+    for part in result.replica_itls:
+        assert part.base is whole or len(part) == 0
+        assert np.array_equal(part, whole[start:start + len(part)])
+        start += len(part)
+
+
 @pytest.mark.parametrize("variant", [
     {"router": "random"},
     {"arrival": {"type": "poisson", "rate": 4000.0}},         # bursts: many arrivals in a window
