@@ -89,10 +89,11 @@ def _row_workers(num_rows: int) -> int:
         return 1
     import multiprocessing
     import threading
+
+    from kvsim.scenario.executor import default_workers   # (standard library only)
     if threading.active_count() > 1 or multiprocessing.current_process().daemon:
         return 1
-    cores = len(os.sched_getaffinity(0))
-    return max(1, min(cores, num_rows // _MIN_ROWS_PER_WORKER))
+    return max(1, min(default_workers(), num_rows // _MIN_ROWS_PER_WORKER))
 
 
 def _write_rows_apart(f, path: Path, arrays: list[np.ndarray], num_rows: int, workers: int) -> None:
