@@ -90,7 +90,7 @@ def _row_workers(num_rows: int) -> int:
     import multiprocessing
     import threading
 
-    from kvsim.scenario.executor import default_workers   # (standard library only)
+    from kvsim.scenario.executor import default_workers   # (loaded already by a run)
     if threading.active_count() > 1 or multiprocessing.current_process().daemon:
         return 1
     return max(1, min(default_workers(), num_rows // _MIN_ROWS_PER_WORKER))
