@@ -89,11 +89,11 @@ def _row_workers(num_rows: int) -> int:
         return 1
     import multiprocessing
     import threading
-
-    from kvsim.scenario.executor import default_workers   # (loaded already by a run)
     if threading.active_count() > 1 or multiprocessing.current_process().daemon:
         return 1
-    return max(1, min(default_workers(), num_rows // _MIN_ROWS_PER_WORKER))
+    # The cores this process may use (Linux here; scenario/executor.py's
+    # default_workers says the same a layer above, for every platform).
+    return max(1, min(len(os.sched_getaffinity(0)), num_rows // _MIN_ROWS_PER_WORKER))
 
 
 def _write_rows_apart(f, path: Path, arrays: list[np.ndarray], num_rows: int, workers: int) -> None:
