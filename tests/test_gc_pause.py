@@ -130,3 +130,32 @@ def test_simulate_restores_the_callers_setting(enabled):
 
 def _raise(_record: dict) -> None:
     raise RuntimeError("stop")
+
+
+def test_kvsim_run_keeps_the_collector_off_and_restores_it(tmp_path, monkeypatch, capsys):
+    # `kvsim run` runs with the collector off from its first import on (kvsim/cli.py
+    # COLLECTOR_OFF); a call of main() from Python gets its own setting back.
+    from kvsim import cli
+    from kvsim.scenario import cli as run_cli
+
+    seen = []
+    real_run = run_cli._run
+
+    def spy(args):
+        seen.append(gc.isenabled())
+        return real_run(args)
+
+    monkeypatch.setattr(run_cli, "_run", spy)
+    was = gc.isenabled()
+    try:
+        gc.enable()
+        code = cli.main(["run", str(SCENARIOS / "quickstart.yaml"), "--set", "workload.num_requests=20",
+                         "--out", str(tmp_path / "out")])
+        assert code == 0 and seen == [False]
+        assert gc.isenabled()
+        seen.clear()
+        code = cli.main(["run", str(tmp_path / "missing.yaml")])     # an error: still restored
+        assert code == 2 and seen == [False]
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()

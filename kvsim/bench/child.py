@@ -25,7 +25,8 @@ def now() -> float:
 
 _T0 = now()                             # before this module's other imports
 
-import json                             # noqa: E402  (the stamp above comes first)
+import gc                               # noqa: E402  (the stamp above comes first)
+import json                             # noqa: E402
 import os                               # noqa: E402
 import sys                              # noqa: E402
 from pathlib import Path                # noqa: E402
@@ -53,6 +54,7 @@ def run_child(argv: list[str]) -> int:
 
     record_file, path, scenario, *rest = argv
     out_dir, overrides = _run_arguments(rest)
+    gc.disable()            # as `kvsim run` runs, from its first import on (kvsim/cli.py COLLECTOR_OFF)
     # What `kvsim run` imports before it starts (kvsim/cli.py, kvsim/scenario/cli.py).
     import kvsim.cli  # noqa: F401
     import kvsim.scenario.cli  # noqa: F401
