@@ -86,7 +86,7 @@ def summarize(requests, steps, itl_s, *, num_gpu_blocks: int, slo: dict | None =
         ("itl", itl_ms),
         ("e2el", lat["e2el_s"] * 1000.0),
     ):
-        latency.update(latency_stats(metric, values_ms))
+        latency.update(latency_stats(metric, values_ms, reorder=True))    # each a temporary
 
     arrival = _column(requests, "arrival_time_s")
     finish = _column(requests, "finish_time_s")
@@ -215,16 +215,23 @@ def count_good(latencies_s: Mapping[str, np.ndarray], slo: Mapping[str, float]) 
     return int(good_mask(latencies_s, slo).sum())
 
 
-def latency_stats(metric: str, values_ms: np.ndarray) -> dict[str, float]:
-    """``mean_/median_/std_/p90_/p99_{metric}_ms`` of the samples; NaN when there are none."""
+def latency_stats(metric: str, values_ms: np.ndarray, *, reorder: bool = False) -> dict[str, float]:
+    """``mean_/median_/std_/p90_/p99_{metric}_ms`` of the samples; NaN when there are none.
+
+    ``reorder``: ``values_ms`` is the caller's scratch array, which the order
+    statistics may reorder in place instead of copying it (a fleet's gaps are
+    tens of millions of values). The mean and the standard deviation are taken
+    first, from the values in their order, as numpy sums them.
+    """
     values_ms = np.asarray(values_ms, dtype=float)
     if len(values_ms) == 0:
         return {f"{stat}_{metric}_ms": NAN for stat in STATISTICS}
-    median, p90, p99 = median_p90_p99(values_ms)
+    mean, std = float(np.mean(values_ms)), float(np.std(values_ms))
+    median, p90, p99 = median_p90_p99(values_ms, in_place=reorder)
     return {
-        f"mean_{metric}_ms": float(np.mean(values_ms)),
+        f"mean_{metric}_ms": mean,
         f"median_{metric}_ms": median,
-        f"std_{metric}_ms": float(np.std(values_ms)),
+        f"std_{metric}_ms": std,
         f"p90_{metric}_ms": p90,
         f"p99_{metric}_ms": p99,
     }
@@ -233,7 +240,7 @@ def latency_stats(metric: str, values_ms: np.ndarray) -> dict[str, float]:
 _P90_P99 = np.true_divide([90, 99], 100)           # the quantiles, as np.percentile makes them
 
 
-def median_p90_p99(values: np.ndarray) -> tuple[float, float, float]:
+def median_p90_p99(values: np.ndarray, *, in_place: bool = False) -> tuple[float, float, float]:
     """``np.median(values)`` and ``np.percentile(values, [90, 99])``, bit for bit.
 
     numpy's own arithmetic (the linear method's virtual indexes ``(n - 1) * q``
@@ -244,7 +251,8 @@ def median_p90_p99(values: np.ndarray) -> tuple[float, float, float]:
     numpy's three partitions of two copies (one a partition at several ranks,
     which costs several times one) were most of ``summarize``. ``values``: a
     non-empty 1-d float array; tests/test_metrics_summary.py checks it against
-    numpy.
+    numpy. ``in_place``: partition ``values`` itself (a writable float64 array
+    the caller no longer needs in its order), not a copy.
     """
     n = len(values)
     if np.isnan(values).any():
@@ -257,7 +265,7 @@ def median_p90_p99(values: np.ndarray) -> tuple[float, float, float]:
     prev, nxt = prev.astype(np.intp), nxt.astype(np.intp)
     half = n // 2
     middle = (half - 1, half) if n % 2 == 0 else (half,)
-    part = np.array(values, dtype=float)
+    part = values if in_place else np.array(values, dtype=float)
     _place_ranks(part, sorted({*middle, *(prev % n).tolist(), *(nxt % n).tolist()}))
     # np.mean of the middle values: their sum (one addition at most), over their count.
     median = float(part[half - 1] + part[half]) / 2.0 if n % 2 == 0 else float(part[half])
