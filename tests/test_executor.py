@@ -106,3 +106,61 @@ def test_every_task_gets_exactly_one_record_however_often_workers_die():
     done = run([Task(k, {"x": k}) for k in range(40)], dies_on_even, 3)
     assert sorted(k for k, _ in done) == list(range(40))
     assert all((r["summary"] is None) == (k % 2 == 0) for k, r in done)
+
+
+def tables(scenario, point_dir=None):
+    import numpy as np
+    import pandas as pd
+    n = scenario["x"]
+    big = np.arange(n * 1000, dtype=float)
+    return {"big": big, "empty": np.zeros(0), "fortran": np.asfortranarray(np.ones((3, 4)) * n),
+            "strided": big[::7], "frame": pd.DataFrame({"a": np.arange(50.0) * n, "b": [str(n)] * 50}),
+            "blob": bytearray(b"x" * n), "n": n}
+
+
+def test_a_record_of_arrays_comes_back_whole_and_writable():
+    # Records go back pickled with their arrays out of band (protocol 5): the same
+    # values, dtypes and layouts, every array writable (a fleet's tables are changed later).
+    import numpy as np
+    done = dict(run([Task(key=k, scenario={"x": x}) for k, x in enumerate([3, 0, 120])], tables, 2))
+    for k, x in enumerate([3, 0, 120]):
+        got, want = done[k]["summary"], tables({"x": x})
+        for name in ("big", "empty", "fortran", "strided"):
+            assert got[name].tobytes() == want[name].tobytes() and got[name].dtype == want[name].dtype
+            assert got[name].shape == want[name].shape and got[name].flags.writeable
+        assert got["fortran"].flags.f_contiguous
+        assert got["frame"].equals(want["frame"]) and got["blob"] == want["blob"] and got["n"] == x
+        got["big"][:1] = -1.0                          # writable: no error
+
+
+def unpicklable(scenario, point_dir=None):
+    return {"value": lambda: None}
+
+
+def test_a_record_that_does_not_pickle_comes_back_as_an_error_and_the_worker_goes_on():
+    done = dict(run([Task(key=0, scenario={"x": 1}), Task(key=1, scenario={"x": 2})],
+                    unpicklable, 2))
+    for k in (0, 1):
+        assert done[k]["summary"] is None
+        assert done[k]["error"].startswith("the result could not be sent back: ")
+
+
+def test_a_worker_that_dies_inside_a_result_buffer_reads_as_a_closed_pipe():
+    # The driver reads a record's buffers raw from the pipe, their sizes from the
+    # head; a pipe that closes inside one is an EOFError, which _collect takes
+    # for a dead worker (its task fails as a crash, the others re-run).
+    import multiprocessing
+
+    import numpy as np
+
+    from kvsim.scenario import executor
+    driver, worker = multiprocessing.Pipe()
+    head, buffers = executor._pickled((7, {"big": np.arange(1000.0)}))
+    worker.send((head, [b.nbytes for b in buffers]))
+    if executor._RAW_BUFFERS:
+        os.write(worker.fileno(), b"x" * 10)          # 10 of its 8,000 bytes
+    else:
+        worker.send_bytes(b"x" * 10)
+    worker.close()
+    with pytest.raises(EOFError):
+        executor._recv_pickled(driver)

@@ -30,6 +30,7 @@ import collections
 import collections.abc
 import contextlib
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -37,7 +38,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from multiprocessing import connection, get_context
+from multiprocessing import BufferTooShort, connection, get_context
 from typing import Any
 
 EXECUTORS = ("local", "ray")
@@ -200,9 +201,63 @@ def _worker_main(conn, run_point: RunPoint, parent_pid: int) -> None:
         number, scenario, point_dir = message
         record = run_task(run_point, scenario, point_dir)
         try:
-            conn.send((number, record))
+            message = _pickled((number, record))
         except Exception as exc:  # a summary that does not pickle
-            conn.send((number, crash_record(f"the result could not be sent back: {one_line(exc)}")))
+            message = _pickled((number, crash_record(f"the result could not be sent back: {one_line(exc)}")))
+        _send_pickled(conn, message)
+
+
+def _pickled(obj) -> tuple[bytes, list[memoryview]]:
+    """``obj`` pickled with its large contiguous buffers (numpy arrays) left out of
+    band, as views of their own memory (pickle protocol 5)."""
+    buffers: list = []
+    head = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    return head, [b.raw() for b in buffers]
+
+
+def _send_pickled(conn, message: tuple[bytes, list[memoryview]]) -> None:
+    """The head and its buffers' sizes, then each buffer written from its own memory.
+
+    A fleet worker's tables are hundreds of MB (kvsim/scenario/cluster_parallel.py):
+    pickled in band they were copied into the message here and out of it on the
+    other side, each copy into memory first touched then. Where the connection
+    is a file descriptor (a socket pair: Linux, macOS), the buffers go through it
+    raw, their sizes known from the head; elsewhere as one message each.
+    """
+    head, buffers = message
+    conn.send((head, [b.nbytes for b in buffers]))
+    for b in buffers:
+        if _RAW_BUFFERS:
+            fd = conn.fileno()
+            while b:
+                b = b[os.write(fd, b):]
+        else:
+            conn.send_bytes(b)
+
+
+def _recv_pickled(conn):
+    """What ``_send_pickled`` sent: each buffer read straight into memory of its own
+    (writable, so the arrays unpickled on it are too), the object unpickled on them."""
+    head, sizes = conn.recv()
+    buffers = []
+    for n in sizes:
+        buffer = bytearray(n)
+        if _RAW_BUFFERS:
+            fd, view = conn.fileno(), memoryview(buffer)
+            while view:
+                got = os.readv(fd, [view])
+                if not got:
+                    raise EOFError(f"the pipe closed inside a result buffer of {n} bytes")
+                view = view[got:]
+        elif conn.recv_bytes_into(buffer) != n:
+            raise EOFError(f"a result buffer came short of its {n} bytes")
+        buffers.append(buffer)
+    return pickle.loads(head, buffers=buffers)
+
+
+# Buffers raw through the connection's descriptor (multiprocessing's Pipe is a socket
+# pair there); Windows' pipe connections have none.
+_RAW_BUFFERS = hasattr(os, "readv") and sys.platform != "win32"
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -296,12 +351,13 @@ class _LocalPool:
         out = []
         try:
             while worker.queued and worker.conn.poll():
-                number, record = worker.conn.recv()
+                number, record = _recv_pickled(worker.conn)
                 expected, task = worker.queued.popleft()
                 if number != expected:
                     raise RuntimeError(f"worker answered task {number}, expected {expected}")
                 out.append((task, record))
-        except (EOFError, OSError, ValueError, TypeError, AttributeError, ImportError):
+        except (EOFError, OSError, ValueError, TypeError, AttributeError, ImportError,
+                pickle.UnpicklingError, BufferTooShort):
             # The pipe closed, or a message was cut short or does not unpickle: either
             # way this worker cannot go on; what it was running fails, the rest re-run.
             if worker.process.is_alive():
