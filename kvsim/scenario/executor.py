@@ -237,11 +237,17 @@ def _send_pickled(conn, message: tuple[bytes, list[memoryview]]) -> None:
 
 def _recv_pickled(conn):
     """What ``_send_pickled`` sent: each buffer read straight into memory of its own
-    (writable, so the arrays unpickled on it are too), the object unpickled on them."""
+    (writable, so the arrays unpickled on it are too), the object unpickled on them.
+
+    The memory is numpy's, which is not zeroed first and is advised to the kernel
+    for huge pages: W7's driver took 2.9-3.0 s of CPU with ``bytearray`` buffers
+    (1.1-1.2 s of it making them), 2.25-2.3 s with these.
+    """
+    import numpy as np
     head, sizes = conn.recv()
     buffers = []
     for n in sizes:
-        buffer = bytearray(n)
+        buffer = np.empty(n, dtype=np.uint8)
         if _RAW_BUFFERS:
             fd, view = conn.fileno(), memoryview(buffer)
             while view:
