@@ -197,7 +197,11 @@ def simulate_share(task: dict, _point_dir=None) -> dict:
                       independent=workload.independent and workload.concurrency is None, only=only)
         run = fleet.run(workload.requests())
         del fleet
-        tables = [replica_tables(run.replicas[k], run.infos[k], slo) for k in only]
+        tables = []
+        for k in only:
+            tables.append(replica_tables(run.replicas[k], run.infos[k], slo))
+            # Each engine goes once its tables are built: the next one's reuse its memory.
+            run.replicas[k] = None
     return {"tables": tables, "num_routed": run.num_routed}
 
 
