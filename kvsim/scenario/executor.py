@@ -243,7 +243,7 @@ def _recv_pickled(conn):
     for huge pages: W7's driver took 2.9-3.0 s of CPU with ``bytearray`` buffers
     (1.1-1.2 s of it making them), 2.25-2.3 s with these.
     """
-    import numpy as np
+    import numpy as np                   # (only here: the executor itself needs no numpy)
     head, sizes = conn.recv()
     buffers = []
     for n in sizes:
