@@ -98,12 +98,28 @@ def test_report_marks_each_target_from_the_fake_numbers():
     assert target_row(text, "W1", "whole process in 1.5 s of CPU time").endswith("| 0.80 s | met |")
     # W6 / W1 in CPU time: 0.30 s / 0.15 s.
     assert target_row(text, "W6", "`continuous` within 1.5x").endswith(
-        "| 2.00x (0.300 s / 0.150 s) | NOT met (1.33x the target) |")
+        "| 2.00x (0.300 s / 0.150 s); 1.71-2.40x from the repetitions' extremes "
+        "| NOT met (1.33x the target) |")
     assert target_row(text, "W5", "10 million").endswith("| not run | not run |")
     assert target_row(text, "W3", "100-point sweep").endswith("| 29.00 s | met |")
     assert target_row(text, "W3", "sweep CPU time / workers").endswith(
         "| 31.00 s | NOT met (1.03x the target) |")
     assert target_row(text, "W4", "peak memory").endswith("| 2,048 MiB | NOT met (2.00x the target) |")
+
+
+def test_a_relative_target_shows_the_range_its_repetitions_allow():
+    # The median ratio is judged; the extremes say how near the limit it is
+    # (fastest W7 over slowest W1, and the reverse). CPU time is half the fake wall time.
+    w1 = Measurement(WORKLOADS["W1"], reps=[fake_run(3.40, 5.0, 200), fake_run(3.64, 5.0, 200),
+                                            fake_run(3.54, 5.0, 200)])
+    w7 = Measurement(WORKLOADS["W7"], reps=[fake_run(72.0, 80.0, 1300), fake_run(71.8, 80.0, 1300)])
+    row = target_row(report([w1, w7]), "W7", "fleet within 20x")
+    assert row.endswith("| 20.31x (35.950 s / 1.770 s); 19.73-21.18x from the repetitions' extremes "
+                        "| NOT met (1.02x the target) |"), row
+    one = Measurement(WORKLOADS["W7"], reps=[fake_run(72.0, 80.0, 1300)])
+    single = target_row(report([Measurement(WORKLOADS["W1"], reps=[fake_run(3.6, 5.0, 200)]), one]),
+                        "W7", "fleet within 20x")
+    assert "extremes" not in single                       # one repetition each: no range
 
 
 def test_relative_target_without_its_reference_is_not_measured():

@@ -12,7 +12,7 @@ from pathlib import Path
 from kvsim.bench.measure import measure_workload, profile_w1
 from kvsim.bench.render import git_commit, machine_info, reference_loop_ms, render_report
 from kvsim.bench.workloads import (DEFAULT_OUT, DEFAULT_SCENARIOS, DEFAULT_WORKLOADS, TARGETS, WORKLOADS,
-                                   judge, target_value)
+                                   judge, target_range, target_value)
 from kvsim.scenario.outputs import atomic_open, check_output_file
 
 
@@ -124,6 +124,8 @@ def bench_command(args: argparse.Namespace, *, log=print) -> int:
         if t.workload in by_name:
             value = target_value(t, by_name)
             shown = "—" if value is None else f"{value:.3g}"
+            if (spread := target_range(t, by_name)) is not None:
+                shown += f" ({spread[0]:.3g}-{spread[1]:.3g} from the repetitions' extremes)"
             log(f"{t.workload} {t.text}: {shown} {t.unit} -> "
                 f"{'n/a (scaled)' if args.requests else judge(value, t.limit)}")
     log(f"wrote {out}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kvsim.bench.measure import Measurement
 from kvsim.bench.workloads import (METRICS, PEER_EVENT_LOOP_S, PEER_WALL_S, REPORT_COLUMNS, TARGETS, judge,
-                                   target_value)
+                                   target_range, target_value)
 
 def reference_loop_ms(repeats: int = 5) -> float:
     """CPU milliseconds of a fixed pure-Python loop (dict inserts and deletes, list
@@ -216,6 +216,8 @@ def render_report(measurements: list[Measurement], *, machine: dict, load_end: t
         else:
             cell = (f"{value:.2f}x ({_fmt(t.metric, m.median(t.metric))} s / "
                     f"{_fmt(t.metric, by_name[t.relative_to].median(t.metric))} s)")
+            if (spread := target_range(t, by_name)) is not None:
+                cell += f"; {spread[0]:.2f}-{spread[1]:.2f}x from the repetitions' extremes"
         if m is None:
             cell = met = "not run"
         else:

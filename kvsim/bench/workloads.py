@@ -153,6 +153,23 @@ def target_value(t: Target, measurements: dict) -> float | None:
     return value / base if base else None
 
 
+def target_range(t: Target, measurements: dict) -> tuple[float, float] | None:
+    """For a relative target, the lowest and highest ratio the repetitions allow
+    (the fastest of ``t.workload`` over the slowest of its reference, and the
+    reverse); None for an absolute target or with one repetition on each side.
+
+    A median ratio near its limit can fall on either side from run to run (W7
+    against W1 did: 19.8-21.1x in three runs); the range says how near it is.
+    """
+    if t.relative_to is None or t.workload not in measurements or t.relative_to not in measurements:
+        return None
+    values = measurements[t.workload].values(t.metric)
+    base = [b for b in measurements[t.relative_to].values(t.metric) if b]
+    if not values or not base or len(values) * len(base) == 1:
+        return None
+    return min(values) / max(base), max(values) / min(base)
+
+
 def judge(value: float | None, limit: float) -> str:
     """Met / not-met cell for ``value < limit``; how far off when not met."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
