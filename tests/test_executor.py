@@ -118,10 +118,22 @@ def tables(scenario, point_dir=None):
             "blob": bytearray(b"x" * n), "n": n}
 
 
-def test_a_record_of_arrays_comes_back_whole_and_writable():
+@pytest.mark.parametrize("raw", [True, False])
+def test_a_record_of_arrays_comes_back_whole_and_writable(monkeypatch, raw):
     # Records go back pickled with their arrays out of band (protocol 5): the same
     # values, dtypes and layouts, every array writable (a fleet's tables are changed later).
+    # raw=False: one message per buffer, as where the pipe has no descriptor (Windows);
+    # the workers are forked after the patch, so both ends take that path.
     import numpy as np
+
+    from kvsim.scenario import executor
+    if not raw:
+        import multiprocessing
+        if multiprocessing.get_start_method() != "fork":
+            pytest.skip("the patch reaches the workers only when they are forked")
+        monkeypatch.setattr(executor, "_RAW_BUFFERS", False)
+    elif not executor._RAW_BUFFERS:
+        pytest.skip("no raw descriptor path on this platform")
     done = dict(run([Task(key=k, scenario={"x": x}) for k, x in enumerate([3, 0, 120])], tables, 2))
     for k, x in enumerate([3, 0, 120]):
         got, want = done[k]["summary"], tables({"x": x})
