@@ -201,10 +201,10 @@ def _worker_main(conn, run_point: RunPoint, parent_pid: int) -> None:
         number, scenario, point_dir = message
         record = run_task(run_point, scenario, point_dir)
         try:
-            message = _pickled((number, record))
+            reply = _pickled((number, record))
         except Exception as exc:  # a summary that does not pickle
-            message = _pickled((number, crash_record(f"the result could not be sent back: {one_line(exc)}")))
-        _send_pickled(conn, message)
+            reply = _pickled((number, crash_record(f"the result could not be sent back: {one_line(exc)}")))
+        _send_pickled(conn, reply)
 
 
 def _pickled(obj) -> tuple[bytes, list[memoryview]]:
@@ -226,13 +226,14 @@ def _send_pickled(conn, message: tuple[bytes, list[memoryview]]) -> None:
     """
     head, buffers = message
     conn.send((head, [b.nbytes for b in buffers]))
-    for b in buffers:
-        if _RAW_BUFFERS:
-            fd = conn.fileno()
-            while b:
-                b = b[os.write(fd, b):]
-        else:
+    if not _RAW_BUFFERS:
+        for b in buffers:
             conn.send_bytes(b)
+        return
+    fd = conn.fileno()
+    for b in buffers:
+        while b:
+            b = b[os.write(fd, b):]
 
 
 def _recv_pickled(conn):
