@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from kvsim.cost.base import ConstantCostModel
-from kvsim.kv.hashing import block_hashes, fresh_block_hashes
+from kvsim.kv.hashing import block_hashes, content_block_id_hashes, fresh_block_hashes
 from kvsim.sched.config import SchedulerConfig
-from kvsim.sched.request import Request
-from kvsim.sim.run import run_engine
+from kvsim.sched.request import NamedBlockKeys, Request, _first_fresh_id
+from kvsim.sim.run import make_engine, run_engine
 from kvsim.workload.request import RequestSpec
-from kvsim.workload.tokens import TokenCounter, mooncake_block_tokens
+from kvsim.workload.tokens import MOONCAKE_BLOCK_TOKENS, TokenCounter, mooncake_block_tokens
 
 
 def fresh_specs(num: int, seed: int, n: int = 1, max_prompt: int = 120, max_output: int = 60,
@@ -159,3 +159,56 @@ def test_mooncake_keys_give_the_same_run_as_hashing_the_tokens(scheduler):
     steps, requests = named
     assert any(v for step in steps for v in step["prefix_hit_tokens"].values())
     assert sum(r[2] for r in requests) > 0                      # preemptions happened
+
+
+def test_mooncake_keys_are_made_when_first_read():
+    spec = mooncake_specs(1, seed=1)[0]
+    req = Request(spec, 7, block_size=16, max_model_len=4096)
+    held = req.block_hashes
+    assert isinstance(held, NamedBlockKeys)                   # nothing hashed on arrival
+    expected = content_block_id_hashes(spec.prompt_block_ids, MOONCAKE_BLOCK_TOKENS, req.prompt_len,
+                                       _first_fresh_id(7), req.final_num_tokens, 16)
+    assert len(expected) > 8
+    assert held[3] == expected[3]
+    # The first read put the keys themselves in the request.
+    assert type(req.block_hashes) is list and req.block_hashes == expected
+    # A reference kept from before reads the same keys.
+    assert len(held) == len(expected) and list(held) == expected and held[2:5] == expected[2:5]
+    assert expected[4] in held and held.index(expected[4], 1) == 4
+    assert held == expected and expected == held and held != expected[:-1]
+    # Read first through a kept reference: the same.
+    other = Request(spec, 7, block_size=16, max_model_len=4096)
+    kept = other.block_hashes
+    assert list(reversed(kept)) == expected[::-1] and other.block_hashes == expected
+
+
+def test_mooncake_prompt_too_long_for_its_keys_is_refused_on_arrival():
+    # (A length-only stand-in for the ids: nothing reads them.)
+    spec = replace(mooncake_specs(1, seed=0)[0],
+                   prompt_token_ids=np.broadcast_to(np.zeros(1, dtype=np.int64), (2**32,)))
+    with pytest.raises(ValueError, match="block-id hashes need < 2\\*\\*32"):
+        Request(spec, 0, block_size=16, max_model_len=2**33, keep_tokens=False)
+
+
+def test_a_waiting_queue_of_mooncake_requests_holds_no_keys():
+    # 40 requests at once on a cache that holds a few: after the first step
+    # only the admitted ones (and the waiting head, whose prefix the scheduler
+    # reads) have their keys; the rest of the queue holds none, and a request
+    # that finishes drops its keys.
+    import simpy
+    specs = mooncake_specs(40, seed=2)
+    config = SchedulerConfig(num_gpu_blocks=60, block_size=64, max_model_len=2560,
+                             max_num_batched_tokens=2560)
+    env = simpy.Environment()
+    engine = make_engine(config, cost_model=ConstantCostModel(0.01), env=env)
+    for i, spec in enumerate(specs):
+        engine.submit(replace(spec, arrival_time_s=0.0), 0.0, i)
+    engine.start()
+    env.run(until=0.015)
+    waiting = list(engine.scheduler.waiting)
+    assert len(waiting) > 20
+    unread = [r for r in waiting if isinstance(r.block_hashes, NamedBlockKeys)]
+    assert len(unread) >= len(waiting) - 1
+    assert all(type(r.block_hashes) is list for r in engine.scheduler.running)
+    env.run()
+    assert len(engine.done) == 40 and all(r.block_hashes is None for r in engine.done)

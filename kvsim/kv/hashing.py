@@ -144,8 +144,7 @@ def content_block_id_hashes(block_ids: np.ndarray, ids_per_block: int, prompt_le
     num_prompt = min(prompt_len // block_size, num_full)
     keys: list[int] = []
     if num_prompt:
-        if prompt_len >= 1 << _LENGTH_BITS:
-            raise ValueError(f"prompt of {prompt_len} tokens: block-id hashes need < 2**32")
+        check_block_id_prompt(prompt_len)
         top = num_prompt * block_size               # the longest prefix with a key
         last_block = (top - 1) // ids_per_block
         ids = np.asarray(block_ids[:last_block + 1], dtype="<i8").tobytes()
@@ -161,6 +160,12 @@ def content_block_id_hashes(block_ids: np.ndarray, ids_per_block: int, prompt_le
             keys += [chain + length for length in range(first, last + 1, block_size)]
     keys += _generated_block_keys(num_prompt, prompt_len, output_start, num_full, block_size)
     return keys
+
+
+def check_block_id_prompt(prompt_len: int) -> None:
+    """A prompt ``content_block_id_hashes`` can name: its lengths fit the key's low bits."""
+    if prompt_len >= 1 << _LENGTH_BITS:
+        raise ValueError(f"prompt of {prompt_len} tokens: block-id hashes need < 2**32")
 
 
 def _generated_block_keys(first_block: int, prompt_len: int, output_start: int, num_full: int,

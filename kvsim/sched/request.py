@@ -4,7 +4,9 @@ Every token a request will ever hold is known when it arrives: its prompt,
 and the tokens it will generate (given by the workload, or fresh ids that
 collide with nothing). So kvsim hashes the whole final sequence once, on
 arrival (or, when the workload says how the prompt is made, names its blocks
-without reading any token, see ``kvsim.kv.hashing``), and exposes the hashes of the blocks that are full *so far* through
+without reading any token, see ``kvsim.kv.hashing``; a prompt of Mooncake
+blocks when its keys are first read, ``NamedBlockKeys``), and exposes the
+hashes of the blocks that are full *so far* through
 ``num_tokens`` (vLLM extends ``block_hashes`` as tokens are appended, H2; the
 KV manager only ever reads hashes of blocks below ``num_tokens``).
 """
@@ -13,10 +15,12 @@ from __future__ import annotations
 
 import enum
 from array import array
+from collections.abc import Sequence
 
 import numpy as np
 
-from kvsim.kv.hashing import block_hashes, content_block_id_hashes, fresh_block_hashes
+from kvsim.kv.hashing import (block_hashes, check_block_id_prompt, content_block_id_hashes,
+                              fresh_block_hashes)
 from kvsim.workload.request import RequestSpec
 from kvsim.workload.tokens import MOONCAKE_BLOCK_TOKENS
 
@@ -82,9 +86,11 @@ class Request:
             # Without prefix caching nothing ever reads a hash (H3: no lookup, A4: no caching).
             self.block_hashes = []
         elif spec.prompt_block_ids is not None:
-            self.block_hashes = content_block_id_hashes(
+            # Named when first read, not on arrival (``NamedBlockKeys``).
+            check_block_id_prompt(prompt_len)
+            self.block_hashes = NamedBlockKeys(self, (
                 spec.prompt_block_ids, MOONCAKE_BLOCK_TOKENS, prompt_len, _first_fresh_id(index),
-                self.final_num_tokens, block_size, spec.cache_salt)
+                self.final_num_tokens, block_size, spec.cache_salt))
         elif named:
             self.block_hashes = fresh_block_hashes(spec.fresh_prompt_start, prompt_len,
                                                    _first_fresh_id(index),
@@ -140,3 +146,58 @@ class Request:
     def __repr__(self) -> str:
         return (f"Request({self.request_id!r}, tokens={self.num_tokens}, "
                 f"computed={self.num_computed_tokens}, {self.status.value})")
+
+
+class NamedBlockKeys(Sequence):
+    """The block keys of a prompt made of Mooncake blocks, made when first read.
+
+    ``content_block_id_hashes`` of the request's blocks, the same keys it would
+    get on arrival (they depend only on what the request was built from),
+    made later: a Mooncake prompt has hundreds of 128-bit keys, and an
+    overloaded engine's waiting queue holds every request it has not served
+    (W2: ~11,000 at its peak, 340 MB of keys), while nothing reads a waiting
+    request's keys before it reaches the head of the queue.
+
+    The first read puts the list itself in the request's ``block_hashes``, so
+    every later read is a plain list read (a property or ``__getattr__`` on
+    ``Request`` would slow every attribute of every request: CPython
+    specialises attribute reads only on classes without them); a caller that
+    kept this object reads through it.
+    """
+
+    __slots__ = ("_request", "_args", "_keys")
+
+    def __init__(self, request: Request, args: tuple) -> None:
+        self._request, self._args, self._keys = request, args, None
+
+    def _list(self) -> list[int]:
+        keys = self._keys
+        if keys is None:
+            keys = self._keys = content_block_id_hashes(*self._args)
+            request, self._request, self._args = self._request, None, None
+            if request.block_hashes is self:
+                request.block_hashes = keys         # (and the request no longer refers to self)
+        return keys
+
+    def __getitem__(self, index):
+        return self._list()[index]
+
+    def __len__(self) -> int:
+        return len(self._list())
+
+    def __iter__(self):
+        return iter(self._list())
+
+    def __contains__(self, key) -> bool:
+        return key in self._list()
+
+    def index(self, key, *bounds) -> int:
+        return self._list().index(key, *bounds)
+
+    def __eq__(self, other) -> bool:
+        return self._list() == (other._list() if isinstance(other, NamedBlockKeys) else other)
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"NamedBlockKeys({self._list()!r})"
