@@ -105,6 +105,24 @@ def test_rows_written_in_chunks_are_the_same_bytes(tmp_path, monkeypatch, rows_p
     assert ours == theirs
 
 
+def test_a_wide_table_is_made_text_a_few_cells_at_a_time(tmp_path, monkeypatch):
+    """A table of many columns (metrics.csv: one per histogram bucket) goes in
+    chunks of at most _CELLS_PER_CHUNK cells, not _ROWS_PER_CHUNK rows, and
+    its bytes are pandas'."""
+    import kvsim.metrics.tables as tables
+    rng = np.random.default_rng(5)
+    n, width = 300, 40
+    wide = pd.DataFrame({f"c{i}": rng.integers(0, 2**40, n) if i % 3 else rng.random(n)
+                         for i in range(width)})
+    chunks = []
+    rows_text = tables._rows_text
+    monkeypatch.setattr(tables, "_rows_text", lambda arrays: chunks.append(len(arrays[0])) or rows_text(arrays))
+    monkeypatch.setattr(tables, "_CELLS_PER_CHUNK", 1000)
+    ours, theirs = pandas_and_ours(tmp_path, wide)
+    assert ours == theirs
+    assert sum(chunks) == n and max(chunks) == 1000 // width and len(chunks) > 1
+
+
 def _mixed_table(n, seed=2):
     rng = np.random.default_rng(seed)
     clock = np.cumsum(rng.random(n))
