@@ -199,3 +199,32 @@ def test_a_worker_that_dies_is_one_line(monkeypatch):
     assert str(info.value).startswith("cluster.workers: a worker simulating replicas [")
     assert "failed: worker process died (killed by SIGKILL); fewer workers" in str(info.value)
 
+
+
+def _replica_tables(seed: int, rows: int, gaps: int, mixed: bool = False):
+    rng = np.random.default_rng(seed)
+    steps = pd.DataFrame({"step": np.arange(rows), "start_time_s": rng.random(rows),
+                          "num_decode_tokens": rng.integers(0, 9, rows),
+                          "kv_cache_usage": rng.random(rows).astype(np.float32)})
+    if mixed:
+        steps["note"] = pd.array(rng.choice(["a", None], rows), dtype="string")
+    return cluster_module.ReplicaTables(requests=pd.DataFrame(), steps=steps, itl=rng.random(gaps),
+                                        summary={}, stats=None)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_the_fleets_tables_are_the_replicas_concatenated_each_let_go_of(mixed):
+    # Each replica's steps and gaps copied into the fleet's, in order, as
+    # pd.concat and np.concatenate make them (names, dtypes, values, index),
+    # and each replica's own table dropped once copied in (the driver's peak),
+    # an empty replica included; a column that is not plain numpy goes through pd.concat.
+    sizes = [(50, 70), (0, 0), (13, 5), (200, 1)]
+    tables = [_replica_tables(k, rows, gaps, mixed) for k, (rows, gaps) in enumerate(sizes)]
+    want_steps = pd.concat([t.steps for t in tables], ignore_index=True)
+    want_itl = np.concatenate([t.itl for t in tables])
+    steps, itl = cluster_module._fleet_steps_and_gaps(tables)
+    pd.testing.assert_frame_equal(steps, want_steps)
+    assert list(steps.dtypes) == list(want_steps.dtypes)
+    assert itl.dtype == want_itl.dtype and itl.tobytes() == want_itl.tobytes()
+    if not mixed:
+        assert all(t.steps is None and t.itl is None for t in tables)

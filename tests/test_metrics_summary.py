@@ -17,6 +17,7 @@ from kvsim.metrics.summary import (
     format_summary,
     latency_stats,
     median_p90_p99,
+    std_overwriting,
     summarize,
 )
 
@@ -296,6 +297,32 @@ def test_latency_stats_on_a_scratch_array_are_the_same_bits(values):
         got = latency_stats("itl", v.copy(), reorder=True)
     assert np.array(list(got.values())).tobytes() == np.array(list(want.values())).tobytes()
     assert list(got) == list(want)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_SAMPLES)
+def test_std_overwriting_is_numpys_std_bit_for_bit(values):
+    # Its own array as the scratch of the deviations: the same bits as np.std
+    # (NaN, overflow to inf included); a remade array gives the same statistics.
+    v = np.array(values, dtype=float)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = np.std(v)
+        scratch = v.copy()
+        assert np.float64(std_overwriting(scratch)).tobytes() == want.tobytes()
+        if not np.isnan(v).any() and not np.isinf(want):
+            assert not np.array_equal(scratch, v) or np.all(v == v[0])   # it was overwritten
+        stats = latency_stats("itl", v.copy(), reorder=True,
+                              remake=lambda out: np.copyto(out, v))
+        plain = latency_stats("itl", v)
+    assert np.array(list(stats.values())).tobytes() == np.array(list(plain.values())).tobytes()
+
+
+@pytest.mark.parametrize("n", [8, 9, 1000, 65_537, 1_000_003])
+def test_std_overwriting_on_large_arrays(n):
+    # numpy sums pairwise in blocks: long arrays take other paths than short ones.
+    rng = np.random.default_rng(n)
+    for v in (rng.gamma(2.0, 10.0, n), rng.random(n) * 1e-3, np.full(n, 7.5)):
+        assert np.float64(std_overwriting(v.copy())).tobytes() == np.std(v).tobytes()
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 10, 11, 100, 101, 1000, 100_001])

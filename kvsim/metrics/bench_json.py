@@ -28,6 +28,10 @@ import pandas as pd
 from kvsim.metrics.summary import LATENCY_METRICS, check_slo, count_good, request_latencies_s
 
 
+# The step table's columns ``bench_serve_result`` reads.
+BENCH_STEP_COLUMNS = ("start_time_s", "duration_s", "num_decode_tokens")
+
+
 def bench_serve_result(summary: dict, requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray, *,
                        setup: dict, slo: dict | None = None,
                        detailed: bool = False) -> tuple[dict, list[str]]:

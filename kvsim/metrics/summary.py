@@ -77,16 +77,17 @@ def summarize(requests, steps, itl_s, *, num_gpu_blocks: int, slo: dict | None =
     slo = check_slo(slo)
     completed = completed_mask(requests)
     lat = request_latencies_s(requests, completed)
-    itl_ms = np.asarray(itl_s, dtype=float) * 1000.0
+    itl_s = np.asarray(itl_s, dtype=float)
 
     latency = {}
-    for metric, values_ms in (
-        ("ttft", lat["ttft_s"] * 1000.0),
-        ("tpot", lat["tpot_s"][lat["num_output_tokens"] > 1] * 1000.0),
-        ("itl", itl_ms),
-        ("e2el", lat["e2el_s"] * 1000.0),
+    for metric, values_ms, remake in (
+        ("ttft", lat["ttft_s"] * 1000.0, None),
+        ("tpot", lat["tpot_s"][lat["num_output_tokens"] > 1] * 1000.0, None),
+        # The gaps, tens of millions in a fleet, in one temporary, made twice.
+        ("itl", itl_s * 1000.0, lambda out: np.multiply(itl_s, 1000.0, out=out)),
+        ("e2el", lat["e2el_s"] * 1000.0, None),
     ):
-        latency.update(latency_stats(metric, values_ms, reorder=True))    # each a temporary
+        latency.update(latency_stats(metric, values_ms, reorder=True, remake=remake))  # each a temporary
 
     arrival = _column(requests, "arrival_time_s")
     finish = _column(requests, "finish_time_s")
@@ -215,18 +216,27 @@ def count_good(latencies_s: Mapping[str, np.ndarray], slo: Mapping[str, float]) 
     return int(good_mask(latencies_s, slo).sum())
 
 
-def latency_stats(metric: str, values_ms: np.ndarray, *, reorder: bool = False) -> dict[str, float]:
+def latency_stats(metric: str, values_ms: np.ndarray, *, reorder: bool = False,
+                  remake=None) -> dict[str, float]:
     """``mean_/median_/std_/p90_/p99_{metric}_ms`` of the samples; NaN when there are none.
 
     ``reorder``: ``values_ms`` is the caller's scratch array, which the order
     statistics may reorder in place instead of copying it (a fleet's gaps are
     tens of millions of values). The mean and the standard deviation are taken
-    first, from the values in their order, as numpy sums them.
+    first, from the values in their order, as numpy sums them. ``remake``
+    (with ``reorder``): a function that writes the values again into the
+    array it is given; the standard deviation then uses ``values_ms`` itself
+    for its deviations instead of a temporary of its own (``std_overwriting``).
     """
     values_ms = np.asarray(values_ms, dtype=float)
     if len(values_ms) == 0:
         return {f"{stat}_{metric}_ms": NAN for stat in STATISTICS}
-    mean, std = float(np.mean(values_ms)), float(np.std(values_ms))
+    mean = float(np.mean(values_ms))
+    if reorder and remake is not None:
+        std = std_overwriting(values_ms)
+        remake(values_ms)
+    else:
+        std = float(np.std(values_ms))
     median, p90, p99 = median_p90_p99(values_ms, in_place=reorder)
     return {
         f"mean_{metric}_ms": mean,
@@ -235,6 +245,22 @@ def latency_stats(metric: str, values_ms: np.ndarray, *, reorder: bool = False) 
         f"p90_{metric}_ms": p90,
         f"p99_{metric}_ms": p99,
     }
+
+
+def std_overwriting(values: np.ndarray) -> float:
+    """``np.std(values)``, bit for bit, with ``values`` itself as the scratch for
+    the squared deviations (it is overwritten): numpy's ``_var`` and ``_std``
+    (numpy/_core/_methods.py) for a non-empty 1-d float64 array, the same
+    ufuncs in the same order, whose temporary ``x`` is a copy of the whole
+    array (W7's fleet: 256 MB). tests/test_metrics_summary.py checks it against numpy."""
+    count = np.intp(len(values))
+    mean = np.add.reduce(values, None, None, keepdims=True)
+    mean = np.true_divide(mean, count, out=mean, casting="unsafe", subok=False)
+    x = np.subtract(values, mean, out=values)
+    x = np.square(x, out=x)
+    var = np.add.reduce(x, None, None, None)
+    var = var.dtype.type(var / np.maximum(count, 0))
+    return float(var.dtype.type(np.sqrt(var)))
 
 
 _P90_P99 = np.true_divide([90, 99], 100)           # the quantiles, as np.percentile makes them

@@ -221,24 +221,21 @@ def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig,
     slo = sc.scenario.slo.as_dict() or None
     if tables is None:
         tables = [replica_tables(replica, info, slo) for replica, info in zip(run.replicas, run.infos)]
-    frames, step_frames, itls, per_replica = [], [], [], {}
+    frames, per_replica = [], {}
     for k, (t, info) in enumerate(zip(tables, run.infos)):
         per_replica[info.name] = {"pool": info.pool, "routed": run.num_routed[k], **t.summary}
         frames.append(t.requests.assign(replica=info.name))
-        step_frames.append(t.steps)
-        itls.append(t.itl)
 
     # The fleet's step table and gaps, every replica in order (read by the
-    # summary of a group of every replica, and returned).
-    steps = pd.concat(step_frames, ignore_index=True)
+    # summary of a group of every replica, and returned); each replica's
+    # steps and gaps then become views of the fleet's (W7: 0.3 GB each kind,
+    # held once, not twice, from here on), in the replicas' tables too.
+    num_steps, num_gaps = [len(t.steps) for t in tables], [len(t.itl) for t in tables]
+    steps, itl = _fleet_steps_and_gaps(tables)
     # (The replica column added once: not each replica's table copied with it first.)
-    steps["replica"] = np.repeat(np.array([i.name for i in run.infos], dtype=object),
-                                 [len(s) for s in step_frames])
-    itl = np.concatenate(itls) if itls else np.zeros(0)
-    # Each replica's steps and gaps become views of the fleet's (W7: 0.3 GB each
-    # kind, held once, not twice, from here on), in the replicas' tables too.
-    step_frames = _parts(steps, step_frames, lambda t, a, b: t.iloc[a:b, :-1])
-    itls = _parts(itl, itls, lambda t, a, b: t[a:b])
+    steps["replica"] = np.repeat(np.array([i.name for i in run.infos], dtype=object), num_steps)
+    step_frames = _parts(steps, num_steps, lambda t, a, b: t.iloc[a:b, :-1])
+    itls = _parts(itl, num_gaps, lambda t, a, b: t[a:b])
     for t, s, g in zip(tables, step_frames, itls):
         t.steps, t.itl = s, g
     everyone = list(range(len(run.infos)))
@@ -291,13 +288,49 @@ def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig,
                        per_replica=per_replica, per_pool=per_pool, run=run, replica_itls=itls)
 
 
-def _parts(whole, parts: list, cut) -> list:
-    """``parts``, concatenated in ``whole``, as ``cut(whole, start, stop)`` of it."""
+def _parts(whole, sizes: list[int], cut) -> list:
+    """The parts of these sizes, concatenated in ``whole``, as ``cut(whole, start, stop)`` of it."""
     out, start = [], 0
-    for part in parts:
-        out.append(cut(whole, start, start + len(part)))
-        start += len(part)
+    for size in sizes:
+        out.append(cut(whole, start, start + size))
+        start += size
     return out
+
+
+def _fleet_steps_and_gaps(tables: list[ReplicaTables]) -> tuple[pd.DataFrame, np.ndarray]:
+    """Every replica's steps and gaps concatenated in order, each replica's let
+    go of (``t.steps``, ``t.itl`` None) once copied in.
+
+    ``pd.concat`` and ``np.concatenate`` hold every part and the whole at once:
+    W7's driver peaked at 1.3 GB there, twice the tables. Here each column is
+    an array of the whole, filled replica by replica, so the parts received
+    from the workers go as they are copied (when nothing else holds them).
+    The same table, column by column: the same names, dtypes and values, a
+    fresh range index. Tables whose columns are not all plain numpy numbers
+    of the same dtypes everywhere go through ``pd.concat``.
+    """
+    first = tables[0].steps if tables else None
+    plain = first is not None and all(
+        list(t.steps.columns) == list(first.columns)
+        and all(isinstance(d, np.dtype) and d.kind in "biuf" for d in t.steps.dtypes)
+        and list(t.steps.dtypes) == list(first.dtypes) for t in tables)
+    if not plain:
+        steps = pd.concat([t.steps for t in tables], ignore_index=True)
+        itl = np.concatenate([t.itl for t in tables]) if tables else np.zeros(0)
+        return steps, itl
+    columns = {name: np.empty(sum(len(t.steps) for t in tables), dtype=dtype)
+               for name, dtype in first.dtypes.items()}
+    itl = np.empty(sum(len(t.itl) for t in tables), dtype=np.result_type(*(t.itl for t in tables)))
+    del first
+    row = gap = 0
+    for t in tables:
+        n, g = len(t.steps), len(t.itl)
+        for name, whole in columns.items():
+            whole[row:row + n] = t.steps[name].to_numpy()
+        itl[gap:gap + g] = t.itl
+        row, gap = row + n, gap + g
+        t.steps = t.itl = None                      # this replica's copies may go now
+    return pd.DataFrame(columns, copy=False), itl
 
 
 def fleet_stats(each) -> EngineStats:
