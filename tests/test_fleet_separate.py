@@ -84,6 +84,25 @@ def test_separate_replicas_give_the_shared_queues_results(case, window, monkeypa
     assert (apart.requests["status"] == "completed").any()
 
 
+@pytest.mark.parametrize("case", ["poisson", "all-at-once", "parallel-samples", "refused-on-arrival"])
+def test_windows_cut_by_their_prompt_tokens_give_the_same_results(case, monkeypatch):
+    # A window ends at WINDOW requests or WINDOW_TOKENS prompt tokens: cut by
+    # tokens (a few requests each, a refused prompt alone), the same tables.
+    monkeypatch.setattr(separate, "WINDOW_TOKENS", 700)
+    windows = []
+    next_window = separate._next_window
+    monkeypatch.setattr(separate, "_next_window", lambda it: windows.append(next_window(it)) or windows[-1])
+    apart, shared = both(CASES[case], monkeypatch)
+    assert_same(apart, shared)
+    # The windows read each request once, in order, and each full one stopped
+    # at the request that took it to 700 tokens.
+    sizes = [len(w) for w, _ in windows]
+    assert sum(sizes) == CASES[case]["workload"]["num_requests"] and len(sizes) > 3
+    assert all(sum(s.num_prompt_tokens for s in w[:-1]) < 700 <= sum(s.num_prompt_tokens for s in w)
+               for w, done in windows if not done)
+    assert windows[-1][1] and not any(done for _, done in windows[:-1])
+
+
 def test_the_cases_reach_what_they_name(monkeypatch):
     """The cases are not vacuous: refusals, queue-limit 503s and fan-out happen."""
     refused = simulate_cluster(CASES["refused-on-arrival"]).requests
