@@ -217,7 +217,8 @@ def test_the_fleets_tables_are_the_replicas_concatenated_each_let_go_of(mixed):
     # Each replica's steps and gaps copied into the fleet's, in order, as
     # pd.concat and np.concatenate make them (names, dtypes, values, index),
     # and each replica's own table dropped once copied in (the driver's peak),
-    # an empty replica included; a column that is not plain numpy goes through pd.concat.
+    # an empty replica included; a column that is not plain numpy goes
+    # through pd.concat.
     sizes = [(50, 70), (0, 0), (13, 5), (200, 1)]
     tables = [_replica_tables(k, rows, gaps, mixed) for k, (rows, gaps) in enumerate(sizes)]
     want_steps = pd.concat([t.steps for t in tables], ignore_index=True)

@@ -91,7 +91,8 @@ def test_windows_cut_by_their_prompt_tokens_give_the_same_results(case, monkeypa
     monkeypatch.setattr(separate, "WINDOW_TOKENS", 700)
     windows = []
     next_window = separate._next_window
-    monkeypatch.setattr(separate, "_next_window", lambda it: windows.append(next_window(it)) or windows[-1])
+    monkeypatch.setattr(separate, "_next_window",
+                        lambda it: windows.append(next_window(it)) or windows[-1])
     apart, shared = both(CASES[case], monkeypatch)
     assert_same(apart, shared)
     # The windows read each request once, in order, and each full one stopped

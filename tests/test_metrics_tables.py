@@ -116,7 +116,8 @@ def test_a_wide_table_is_made_text_a_few_cells_at_a_time(tmp_path, monkeypatch):
                          for i in range(width)})
     chunks = []
     rows_text = tables._rows_text
-    monkeypatch.setattr(tables, "_rows_text", lambda arrays: chunks.append(len(arrays[0])) or rows_text(arrays))
+    monkeypatch.setattr(tables, "_rows_text",
+                        lambda arrays: chunks.append(len(arrays[0])) or rows_text(arrays))
     monkeypatch.setattr(tables, "_CELLS_PER_CHUNK", 1000)
     ours, theirs = pandas_and_ours(tmp_path, wide)
     assert ours == theirs

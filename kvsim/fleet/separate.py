@@ -15,8 +15,9 @@ cannot be bounded by the replica's own next arrival (the queue's next event
 is another replica's), so it is costed to its natural end and then cut by
 a submit (``Engine._cut_run``), and each cut is an interrupt. Here each
 replica has its own environment: the requests are read in windows of
-``WINDOW`` (or fewer holding ``WINDOW_TOKENS`` prompt tokens), routed in arrival order (the same decisions as the shared
-queue's front end makes), scheduled as arrival events in their replica's
+``WINDOW`` (or fewer holding ``WINDOW_TOKENS`` prompt tokens), routed in
+arrival order (the same decisions as the shared queue's front end makes),
+scheduled as arrival events in their replica's
 environment, and each replica is then advanced, one after the other, through
 its events before the window's last arrival. Its decode runs are bounded by
 its own next arrival (``env.peek``, as a single engine's are).
