@@ -50,12 +50,20 @@ def record(scenario: str):
         pools.append((num_gpu_blocks, kwargs))
         original_init(self, num_gpu_blocks, **kwargs)
 
+    depth = [0]            # only the engine's calls: one pool method calling another is not one
+
     def recorded(name):
         method = originals[name]
 
         def call(self, *args):
+            if depth[0]:
+                return method(self, *args)
             args = tuple(_frozen(a) for a in args)
-            result = method(self, *args)
+            depth[0] += 1
+            try:
+                result = method(self, *args)
+            finally:
+                depth[0] -= 1
             calls.append((name, args, _frozen(result)))
             return result
         return call
