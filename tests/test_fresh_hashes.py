@@ -182,6 +182,23 @@ def test_mooncake_keys_are_made_when_first_read():
     assert list(reversed(kept)) == expected[::-1] and other.block_hashes == expected
 
 
+def test_a_mooncake_request_dropped_unread_leaves_no_cycle():
+    import gc
+    spec = mooncake_specs(1, seed=1)[0]
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        for index in range(20):
+            req = Request(spec, index, block_size=16, max_model_len=4096)
+            assert isinstance(req.block_hashes, NamedBlockKeys)
+            del req
+        assert gc.collect() == 0
+    finally:
+        if was:
+            gc.enable()
+
+
 def test_mooncake_prompt_too_long_for_its_keys_is_refused_on_arrival():
     # (A length-only stand-in for the ids: nothing reads them.)
     spec = replace(mooncake_specs(1, seed=0)[0],

@@ -14,6 +14,7 @@ KV manager only ever reads hashes of blocks below ``num_tokens``).
 from __future__ import annotations
 
 import enum
+import weakref
 from array import array
 from collections.abc import Sequence
 
@@ -58,6 +59,7 @@ class Request:
         "num_computed_tokens", "num_cached_tokens", "num_preemptions", "status",
         "scheduled_time", "first_token_time", "finish_time", "token_times",
         "fail_reason", "index", "resume_hit_tokens",
+        "__weakref__",                        # NamedBlockKeys refers back without a cycle
     )
 
     def __init__(self, spec: RequestSpec, index: int, *, block_size: int,
@@ -168,15 +170,16 @@ class NamedBlockKeys(Sequence):
     __slots__ = ("_request", "_args", "_keys")
 
     def __init__(self, request: Request, args: tuple) -> None:
-        self._request, self._args, self._keys = request, args, None
+        # A weak reference: a request dropped unread (a run cut short) leaves no cycle.
+        self._request, self._args, self._keys = weakref.ref(request), args, None
 
     def _list(self) -> list[int]:
         keys = self._keys
         if keys is None:
             keys = self._keys = content_block_id_hashes(*self._args)
-            request, self._request, self._args = self._request, None, None
-            if request.block_hashes is self:
-                request.block_hashes = keys         # (and the request no longer refers to self)
+            request, self._request, self._args = self._request(), None, None
+            if request is not None and request.block_hashes is self:
+                request.block_hashes = keys
         return keys
 
     def __getitem__(self, index):
