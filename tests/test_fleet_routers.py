@@ -61,6 +61,20 @@ def test_round_robin_cycles_through_replicas_in_order():
     assert [r.route(req(str(k)), reps, 0.0) for k in range(7)] == [0, 1, 2, 0, 1, 2, 0]
 
 
+def test_round_robins_choices_taken_ahead_are_its_next_routes_and_advance_it():
+    # kvsim/fleet/separate.py takes a window's choices at once; one by one must agree.
+    reps = [Fake(), Fake(), Fake()]
+    ahead, one_by_one = router("round_robin", n=3), router("round_robin", n=3)
+    got = ahead.choices_ahead(4, 3) + [ahead.route(req("x"), reps, 0.0)] + ahead.choices_ahead(5, 3)
+    assert got == [one_by_one.route(req(str(k)), reps, 0.0) for k in range(10)]
+    assert ahead.choices_ahead(0, 3) == []
+
+
+@pytest.mark.parametrize("policy", ["random", "least_loaded", "kv_utilization", "prefix_aware"])
+def test_routers_whose_choice_reads_anything_else_take_none_ahead(policy):
+    assert router(policy).choices_ahead(4, 3) is None
+
+
 def test_random_is_uniform_and_reproducible_from_the_seed():
     reps = [Fake() for _ in range(4)]
     r1, r2, r3 = (router("random", n=4, seed=s) for s in (7, 7, 8))

@@ -55,6 +55,12 @@ class Router:
     def on_routed(self, req: RouteRequest, index: int, now: float) -> None:
         pass
 
+    def choices_ahead(self, count: int, num_replicas: int) -> list[int] | None:
+        """The indices ``route`` would return for the next ``count`` requests, taken
+        now, when they depend on neither the requests nor the replicas nor the
+        time; None otherwise (kvsim/fleet/separate.py then routes one by one)."""
+        return None
+
 
 def load(r: ReplicaState) -> int:
     """Requests on a replica: running + waiting (SGLang ``Worker::load``, Vidur pending)."""
@@ -79,6 +85,11 @@ class RoundRobinRouter(Router):
         index = self.counter % len(replicas)
         self.counter += 1
         return index
+
+    def choices_ahead(self, count, num_replicas):
+        first = self.counter
+        self.counter += count
+        return [k % num_replicas for k in range(first, first + count)]
 
 
 class RandomRouter(Router):

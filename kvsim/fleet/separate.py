@@ -89,14 +89,19 @@ class SeparateRun:
         started = False
         while not self.all_read:
             window, self.all_read = _next_window(it)
-            for spec in window:
+            # Round robin's choices depend on nothing but its counter: taken at once.
+            choices = router.choices_ahead(len(window), len(front))
+            for pos, spec in enumerate(window):
                 if spec.after_request_id is not None:
                     raise ValueError(f"request {spec.request_id!r} waits on {spec.after_request_id!r}: "
                                      f"a separate fleet run needs requests that wait on none")
                 if spec.arrival_time_s > send:
                     send = spec.arrival_time_s
-                req = route_request(spec, block_size, hash_blocks=False)
-                k = front[router.route(req, fleet._front_replicas, send)]
+                if choices is None:
+                    req = route_request(spec, block_size, hash_blocks=False)
+                    k = front[router.route(req, fleet._front_replicas, send)]
+                else:
+                    k = front[choices[pos]]
                 fleet.num_routed[k] += 1
                 if only is None or k in only:
                     engine = replicas[k]
