@@ -118,15 +118,20 @@ def tables(scenario, point_dir=None):
             "blob": bytearray(b"x" * n), "n": n}
 
 
-@pytest.mark.parametrize("raw", [True, False])
-def test_a_record_of_arrays_comes_back_whole_and_writable(monkeypatch, raw):
+@pytest.mark.parametrize("raw, background", [(True, False), (True, True), (False, False)])
+def test_a_record_of_arrays_comes_back_whole_and_writable(monkeypatch, raw, background):
     # Records go back pickled with their arrays out of band (protocol 5): the same
     # values, dtypes and layouts, every array writable (a fleet's tables are changed later).
     # raw=False: one message per buffer, as where the pipe has no descriptor (Windows);
     # the workers are forked after the patch, so both ends take that path.
+    # background: every record's buffers read on a thread (_Transfer), as large ones are.
     import numpy as np
 
     from kvsim.scenario import executor
+    Transfer = executor._Transfer
+    monkeypatch.setattr(executor, "BACKGROUND_BYTES", 0 if background else 1 << 62)
+    transfers = []
+    monkeypatch.setattr(executor, "_Transfer", lambda *a: transfers.append(1) or Transfer(*a))
     if not raw:
         import multiprocessing
         if multiprocessing.get_start_method() != "fork":
@@ -143,6 +148,7 @@ def test_a_record_of_arrays_comes_back_whole_and_writable(monkeypatch, raw):
         assert got["fortran"].flags.f_contiguous
         assert got["frame"].equals(want["frame"]) and got["blob"] == want["blob"] and got["n"] == x
         got["big"][:1] = -1.0                          # writable: no error
+    assert len(transfers) == (3 if background else 0)
 
 
 def unpicklable(scenario, point_dir=None):
@@ -176,3 +182,38 @@ def test_a_worker_that_dies_inside_a_result_buffer_reads_as_a_closed_pipe():
     worker.close()
     with pytest.raises(EOFError):
         executor._recv_pickled(driver)
+
+
+def sends_half_then_dies(scenario, point_dir=None):
+    return {"big": __import__("numpy").arange(200_000.0), "x": scenario["x"]}
+
+
+def test_a_worker_that_dies_while_its_record_comes_in_on_a_thread_fails_only_that_task(monkeypatch):
+    # A large record's buffers are read on a thread while the driver waits on the
+    # others; a worker killed half way through sending one (the patch reaches the
+    # forked workers) fails the task it was sending, and the rest run elsewhere.
+    import multiprocessing
+
+    from kvsim.scenario import executor
+    if multiprocessing.get_start_method() != "fork" or not executor._RAW_BUFFERS:
+        pytest.skip("the patch reaches the workers only when they are forked, on the raw path")
+    send = executor._send_pickled
+
+    def send_half_for_three(conn, message):
+        head, buffers = message
+        if executor.pickle.loads(head, buffers=buffers)[1]["summary"]["x"] != 3:
+            return send(conn, message)
+        conn.send((head, [b.nbytes for b in buffers]))
+        os.write(conn.fileno(), bytes(buffers[0][:1000]))
+        os._exit(7)
+
+    monkeypatch.setattr(executor, "_send_pickled", send_half_for_three)
+    monkeypatch.setattr(executor, "BACKGROUND_BYTES", 1000)
+    Transfer, transfers = executor._Transfer, []
+    monkeypatch.setattr(executor, "_Transfer", lambda *a: transfers.append(1) or Transfer(*a))
+    done = dict(run([Task(k, {"x": k}) for k in range(6)], sends_half_then_dies, 2))
+    assert len(transfers) == 6                         # each record, the cut one too, on a thread
+    assert sorted(done) == list(range(6))
+    assert done[3]["summary"] is None and "exit status 7" in done[3]["error"]
+    for k in (0, 1, 2, 4, 5):
+        assert done[k]["summary"]["x"] == k and done[k]["summary"]["big"][-1] == 199_999.0

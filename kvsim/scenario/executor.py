@@ -19,7 +19,9 @@ Executors (``executor=``):
   parent-death signal; elsewhere a watch on the parent's pid), ignore Ctrl-C
   (the driver decides) and are killed when the driver stops early: an error,
   Ctrl-C, or SIGTERM under :func:`signals_as_interrupts`. ``workers=1`` runs
-  the tasks in this process.
+  the tasks in this process. Records come back pickled with their arrays out
+  of band; one of 1 MB or more is read on a thread of its own (``_Transfer``),
+  so that workers finishing together send at once.
 * ``ray``: Ray tasks on a local Ray (started and stopped here) or the cluster
   at ``address``, at most ``2 x workers`` in flight.
 """
@@ -244,27 +246,89 @@ def _recv_pickled(conn):
     for huge pages: W7's driver took 2.9-3.0 s of CPU with ``bytearray`` buffers
     (1.1-1.2 s of it making them), 2.25-2.3 s with these.
     """
-    import numpy as np                   # (only here: the executor itself needs no numpy)
     head, sizes = conn.recv()
-    buffers = []
-    for n in sizes:
-        buffer = np.empty(n, dtype=np.uint8)
+    return _read_record(conn, head, sizes)
+
+
+def _read_record(conn, head: bytes, sizes: list[int]):
+    """The rest of ``_recv_pickled`` after the head: the buffers, then the object."""
+    buffers = _empty_buffers(sizes)
+    for buffer in buffers:
         if _RAW_BUFFERS:
-            fd, view = conn.fileno(), memoryview(buffer)
-            while view:
-                got = os.readv(fd, [view])
-                if not got:
-                    raise EOFError(f"the pipe closed inside a result buffer of {n} bytes")
-                view = view[got:]
-        elif conn.recv_bytes_into(buffer) != n:
-            raise EOFError(f"a result buffer came short of its {n} bytes")
-        buffers.append(buffer)
+            _read_raw(conn.fileno(), buffer)
+        elif conn.recv_bytes_into(buffer) != len(buffer):
+            raise EOFError(f"a result buffer came short of its {len(buffer)} bytes")
     return pickle.loads(head, buffers=buffers)
+
+
+def _empty_buffers(sizes: list[int]) -> list:
+    import numpy as np                   # (only here: the executor itself needs no numpy)
+    return [np.empty(n, dtype=np.uint8) for n in sizes]
+
+
+def _read_raw(fd: int, buffer) -> None:
+    view = memoryview(buffer)
+    while view:
+        got = os.readv(fd, [view])
+        if not got:
+            raise EOFError(f"the pipe closed inside a result buffer of {len(buffer)} bytes")
+        view = view[got:]
+
+
+class _Transfer:
+    """A record whose buffers are read on a thread of their own, while the driver
+    waits on the other workers (and reads their records so too).
+
+    A fleet's workers finish together and each sends hundreds of MB
+    (kvsim/scenario/cluster_parallel.py): read one after the other, the second
+    waited ~0.5 s for the first on W7; the reads are the kernel's copies into
+    memory first touched then, which two threads do on two cores. Ready to
+    collect when ``fileno()`` (a pipe the thread writes to when it ends) is.
+    """
+
+    def __init__(self, conn, head: bytes, sizes: list[int]) -> None:
+        self.head = head
+        self.buffers = _empty_buffers(sizes)
+        self.error: BaseException | None = None
+        self.finished = False
+        self._ready_r, self._ready_w = os.pipe()
+        self.thread = threading.Thread(target=self._read, args=(conn.fileno(),),
+                                       name="kvsim-receive", daemon=True)
+        self.thread.start()
+
+    def fileno(self) -> int:
+        return self._ready_r
+
+    def _read(self, fd: int) -> None:
+        try:
+            for buffer in self.buffers:
+                _read_raw(fd, buffer)
+        except BaseException as exc:     # handed to the driver by result()
+            self.error = exc
+        finally:
+            self.finished = True
+            os.write(self._ready_w, b"\0")
+
+    def result(self):
+        """The record (the thread has ended); raises what the read raised."""
+        self.close()
+        if self.error is not None:
+            raise self.error
+        return pickle.loads(self.head, buffers=self.buffers)
+
+    def close(self) -> None:
+        self.thread.join()
+        if self._ready_r >= 0:
+            os.close(self._ready_r)
+            os.close(self._ready_w)
+            self._ready_r = self._ready_w = -1
 
 
 # Buffers raw through the connection's descriptor (multiprocessing's Pipe is a socket
 # pair there); Windows' pipe connections have none.
 _RAW_BUFFERS = hasattr(os, "readv") and sys.platform != "win32"
+# Records whose buffers hold at least this many bytes are read on a thread (_Transfer).
+BACKGROUND_BYTES = 1 << 20
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -296,6 +360,17 @@ class _Worker:
         self.process.start()
         child.close()
         self.queued: collections.deque = collections.deque()   # (number, Task), oldest first: running
+        self.transfer: _Transfer | None = None                 # its running task's record, coming in
+
+    def waitables(self) -> list:
+        """What says this worker has something for the driver: its pipe, or the
+        transfer reading it, and its process's end."""
+        return [self.transfer or self.conn, self.process.sentinel]
+
+    def end_transfer(self) -> None:
+        if self.transfer is not None:
+            self.transfer.close()
+            self.transfer = None
 
 
 class _LocalPool:
@@ -332,9 +407,9 @@ class _LocalPool:
                 busy = [w for w in self.workers if w.queued]
                 if not busy:
                     break
-                ready = set(connection.wait([w.conn for w in busy] + [w.process.sentinel for w in busy]))
+                ready = set(connection.wait([x for w in busy for x in w.waitables()]))
                 for worker in busy:
-                    if worker.conn in ready or worker.process.sentinel in ready:
+                    if not ready.isdisjoint(worker.waitables()):
                         for task, record in self._collect(worker, queue):
                             queue.extend(on_done(task, record) or ())
             self._stop()
@@ -356,9 +431,23 @@ class _LocalPool:
         """The results ``worker`` has sent; if it died, its running task as a crash and its
         queued, never-started tasks back to the front of ``queue``."""
         out = []
+        if worker.transfer is not None and not worker.process.is_alive():
+            worker.transfer.thread.join()        # it ends: the pipe is closed behind what was sent
         try:
-            while worker.queued and worker.conn.poll():
-                number, record = _recv_pickled(worker.conn)
+            while worker.queued:
+                if worker.transfer is not None:
+                    if not worker.transfer.finished:
+                        break                    # still coming in
+                    transfer, worker.transfer = worker.transfer, None
+                    number, record = transfer.result()
+                elif worker.conn.poll():
+                    head, sizes = worker.conn.recv()
+                    if _RAW_BUFFERS and sum(sizes) >= BACKGROUND_BYTES:
+                        worker.transfer = _Transfer(worker.conn, head, sizes)
+                        continue
+                    number, record = _read_record(worker.conn, head, sizes)
+                else:
+                    break
                 expected, task = worker.queued.popleft()
                 if number != expected:
                     raise RuntimeError(f"worker answered task {number}, expected {expected}")
@@ -371,6 +460,9 @@ class _LocalPool:
                 worker.process.kill()
             worker.process.join()
         if worker.queued and not worker.process.is_alive():
+            if worker.transfer is not None:
+                # It died while its record came in: what did come is read first.
+                return out + self._collect(worker, queue)
             _, crashed = worker.queued.popleft()
             out.append((crashed, self._crash_record(worker)))
             queue.extendleft(task for _, task in reversed(worker.queued))
@@ -382,6 +474,7 @@ class _LocalPool:
         if worker.process.is_alive():
             worker.process.kill()
         worker.process.join()
+        worker.end_transfer()
         worker.conn.close()
         self.workers.remove(worker)
 
@@ -407,6 +500,7 @@ class _LocalPool:
                 worker.process.kill()
         for worker in self.workers:
             worker.process.join()
+            worker.end_transfer()                # the pipe is closed behind it: the read ends
             worker.conn.close()
         self.workers = []
 
