@@ -20,6 +20,7 @@ class Seq:
         self.request_id = request_id
         self.all_token_ids = list(tokens)
         self.num_computed_tokens = num_computed_tokens
+        self.private_keys = False
 
     @property
     def num_tokens(self) -> int:

@@ -46,6 +46,7 @@ class FakeReq:
         self.tokens = list(tokens)
         self.block_size = block_size
         self.num_computed_tokens = 0
+        self.private_keys = False          # (its keys are content: others may hold them)
         self._hashes: tuple[int, list[int]] = (-1, [])
 
     @property

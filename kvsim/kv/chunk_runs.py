@@ -122,22 +122,32 @@ class ChunkRunSteps:
                     r = reqs[i]
                     self._cache_full_blocks(r, blocks_of[r.request_id], num_computed[i] + key // n)
             return
-        blocks, hashes = [], []
+        # Private blocks (kv/block_pool.py) apart: they take no place in the map.
+        blocks, hashes, private = [], [], []
         own, own_hashes = blocks_of[rid], last.block_hashes
         for key, _, m in _in_order(keys, segments, n):
             if m:
                 j = cached[rid]
-                blocks += own[j:j + m]
-                hashes += own_hashes[j:j + m]
+                if last.private_keys:
+                    private += own[j:j + m]
+                else:
+                    blocks += own[j:j + m]
+                    hashes += own_hashes[j:j + m]
                 cached[rid] = j + m
             else:
                 i = key % n
                 r = reqs[i]
                 j = (num_computed[i] + key // n) // bs - 1
-                blocks.append(blocks_of[r.request_id][j])
-                hashes.append(r.block_hashes[j])
+                if r.private_keys:
+                    private.append(blocks_of[r.request_id][j])
+                else:
+                    blocks.append(blocks_of[r.request_id][j])
+                    hashes.append(r.block_hashes[j])
                 cached[r.request_id] = j + 1      # keys ascend: the last fill of each is its count
-        self.pool.cache_blocks_in_order(blocks, hashes)
+        if private:
+            self.pool.cache_private_blocks(private)
+        if blocks:
+            self.pool.cache_blocks_in_order(blocks, hashes)
 
 
 def _segments(have: int, computed: int, chunk: int, end: int, first_step: int, last_step: int,

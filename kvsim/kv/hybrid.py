@@ -337,8 +337,9 @@ class HybridKVCacheManager(PoolQueries, HybridDecodeRuns):
             if m.num_cached_block.get(rid, 0) < num_tokens // m.block_size:
                 m.cache_blocks(req, num_tokens)
 
-    def free(self, req) -> None:
-        """Return the request's blocks, group by group, each tail first (vLLM coordinator.free)."""
+    def free(self, req, finished: bool = False) -> None:
+        """Return the request's blocks, group by group, each tail first (vLLM coordinator.free).
+        (``finished``: as to ``KVCacheManager.free``; no group keeps blocks out of its map.)"""
         rid = req.request_id
         self._junction.pop(rid, None)
         for m in self.managers:

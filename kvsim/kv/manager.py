@@ -19,8 +19,10 @@ request per step would.
 (kv-semantics V5), which V1 does not have but V0 and the vLLM paper do.
 
 A request here is any object with ``request_id``, ``num_tokens``,
-``num_computed_tokens``, ``block_hashes`` (hashes of its full blocks so far)
-and, in debug mode, ``all_token_ids``.
+``num_computed_tokens``, ``block_hashes`` (hashes of its full blocks so far),
+``private_keys`` (no other request can hold its keys: its blocks stay out of
+the map until it is freed unfinished, kv/block_pool.py) and, in debug mode,
+``all_token_ids``.
 """
 
 from __future__ import annotations
@@ -209,12 +211,16 @@ class KVCacheManager(PoolQueries, DecodeRunSteps, ChunkRunSteps):
         self._cache_full_blocks(req, self.req_to_blocks[req.request_id],
                                 min(num_computed_tokens, req.num_tokens))
 
-    def free(self, req) -> None:
-        """Return all of ``req``'s blocks, tail block first (B6)."""
+    def free(self, req, finished: bool = False) -> None:
+        """Return all of ``req``'s blocks, tail block first (B6). ``finished``: it
+        never runs again (else, a preemption, it may look its prefix up again)."""
         blocks = self.req_to_blocks.pop(req.request_id, None)
         num_cached = self.num_cached_block.pop(req.request_id, None)
         if not blocks:
             return
+        if req.private_keys and num_cached and not finished:
+            # It may look its prefix up again: its private blocks enter the map.
+            self.pool.publish(blocks[:num_cached], req.block_hashes[:num_cached])
         if self._any_forks or num_cached is None:
             self.pool.free_blocks(blocks[::-1])
         else:
@@ -251,8 +257,12 @@ class KVCacheManager(PoolQueries, DecodeRunSteps, ChunkRunSteps):
         num_full = num_tokens // self.block_size
         done = self.num_cached_block[rid]
         if num_full > done:
-            self.pool.cache_full_blocks(blocks, req.block_hashes, done, num_full,
-                                        req.all_token_ids if self.debug else None, self.block_size)
+            if req.private_keys and not self.debug:
+                # Only it can look its keys up (kv/block_pool.py, private blocks).
+                self.pool.cache_private_blocks(blocks[done:num_full])
+            else:
+                self.pool.cache_full_blocks(blocks, req.block_hashes, done, num_full,
+                                            req.all_token_ids if self.debug else None, self.block_size)
             self.num_cached_block[rid] = num_full
 
     def _cow_blocks_needed(self, req, num_tokens: int) -> int:

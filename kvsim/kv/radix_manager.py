@@ -249,9 +249,11 @@ class RadixKVManager:
         if self.debug:
             self.check()
 
-    def free(self, req) -> None:
+    def free(self, req, finished: bool = False) -> None:
         """A finished request is inserted, deduplicated and unlocked (``cache_finished_req``);
-        a preempted one frees the slots the tree does not own and unlocks (``retract_decode``)."""
+        a preempted one frees the slots the tree does not own and unlocks (``retract_decode``).
+        (``finished``: the scheduler's word, as to ``KVCacheManager.free``; the tree reads
+        the request's own state.)"""
         held = self._held.pop(req.request_id, None)
         if held is None:
             return

@@ -52,6 +52,7 @@ class _Seq:
     request_id: str
     num_computed_tokens: int = 0
     block_hashes: tuple = ()
+    private_keys: bool = False
 
     @property
     def num_tokens(self) -> int:

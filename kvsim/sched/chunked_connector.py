@@ -26,12 +26,12 @@ class ChunkedConnectorHooks:
         if t is not None and t.connector.request_finished(req, list(self.kv.get_blocks(req.request_id))):
             t.keep_for_sending(req)          # a reader still needs the blocks (finished_sending)
         else:
-            self.kv.free(req)
+            self.kv.free(req, finished=True)
 
     def _after_step(self, now: float) -> None:
         if self.transfers is not None:
             for req in self.transfers.poll(now):
-                self.kv.free(req)
+                self.kv.free(req, finished=True)     # finished, its blocks sent
 
     def next_wakeup_time(self) -> float:
         if self.transfers is None:

@@ -63,7 +63,7 @@ class PagedScheduler(QueuedRequests):
         return finished
 
     def _free_finished(self, req: Request) -> None:
-        self.kv.free(req)
+        self.kv.free(req, finished=True)
 
     def _after_step(self, now: float) -> None:
         """What happens at the end of every step, run or single (nothing here)."""

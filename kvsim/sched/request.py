@@ -58,13 +58,13 @@ class Request:
         "all_token_ids", "block_hashes", "final_num_tokens", "num_output_tokens",
         "num_computed_tokens", "num_cached_tokens", "num_preemptions", "status",
         "scheduled_time", "first_token_time", "finish_time", "token_times",
-        "fail_reason", "index", "resume_hit_tokens",
+        "fail_reason", "index", "resume_hit_tokens", "private_keys",
         "__weakref__",                        # NamedBlockKeys refers back without a cycle
     )
 
     def __init__(self, spec: RequestSpec, index: int, *, block_size: int,
                  max_model_len: int, arrival_time: float | None = None,
-                 hash_blocks: bool = True, keep_tokens: bool = True) -> None:
+                 hash_blocks: bool = True, keep_tokens: bool = True, alone: bool = False) -> None:
         self.index = index
         self.request_id = spec.request_id
         self.arrival_time = spec.arrival_time_s if arrival_time is None else arrival_time
@@ -99,6 +99,11 @@ class Request:
                                                    self.final_num_tokens, block_size)
         else:
             self.block_hashes = block_hashes(tokens, block_size, spec.cache_salt)
+        # Keys no other request holds: fresh ids, and no sibling sample sharing the
+        # prompt (``alone``: the engine says so for n = 1). Its blocks stay out of
+        # the prefix-cache map unless it is freed unfinished (kv/block_pool.py).
+        self.private_keys = (alone and hash_blocks and fresh_outputs
+                             and spec.fresh_prompt_start is not None and spec.prompt_block_ids is None)
         # Only the debug mode reads token ids after hashing (to check every hit
         # against them); dropping them keeps a long waiting queue small.
         self.all_token_ids = tokens if keep_tokens else None

@@ -150,9 +150,11 @@ class Engine(EngineRecords):
                 self._submit_one(replace(spec, request_id=f"{spec.request_id}#{k}", n=1),
                                  arrival_time, index + k, reason)
         else:
-            self._submit_one(spec, arrival_time, index, reason)
+            self._submit_one(spec, arrival_time, index, reason, alone=True)
 
-    def _submit_one(self, spec: RequestSpec, arrival_time: float, index: int, reason: str) -> None:
+    def _submit_one(self, spec: RequestSpec, arrival_time: float, index: int, reason: str,
+                    alone: bool = False) -> None:
+        """``alone``: no sibling sample shares its prompt (``Request.private_keys``)."""
         self.num_arrived += 1
         if reason:
             req = self.make_request(spec, index, arrival_time, read_tokens=False)
@@ -161,7 +163,7 @@ class Engine(EngineRecords):
             req.finish_time = arrival_time
             self._on_done(req)
             return
-        req = self.make_request(spec, index, arrival_time)
+        req = self.make_request(spec, index, arrival_time, alone=alone)
         if self.queue_limits is not None:
             self.queue_limits.accepted(req)
         self._inbox.add(req, self.env.now)

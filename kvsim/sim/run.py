@@ -86,11 +86,12 @@ def make_engine(config: SchedulerConfig, *, scheduler: str = "chunked",
     """One engine replica with its scheduler and request builder (not started)."""
     sched = make_scheduler(scheduler, config, connector)
 
-    def make(spec: RequestSpec, index: int, arrival: float, *, read_tokens: bool = True) -> Request:
+    def make(spec: RequestSpec, index: int, arrival: float, *, read_tokens: bool = True,
+             alone: bool = False) -> Request:
         return Request(spec, index, block_size=config.block_size,
                        max_model_len=config.max_model_len, arrival_time=arrival,
                        hash_blocks=read_tokens and config.hashes_blocks,
-                       keep_tokens=read_tokens and config.keeps_token_ids)
+                       keep_tokens=read_tokens and config.keeps_token_ids, alone=alone)
 
     limits = QueueLimits.of(config.max_num_queued_reqs, config.max_num_queued_tokens)
     engine = Engine(sched, cost_model or ConstantCostModel(1.0), make_request=make,

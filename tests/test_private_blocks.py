@@ -1,0 +1,122 @@
+"""Private blocks (kv/block_pool.py) change nothing but the work: the same runs with them and without.
+
+A fresh prompt of one sample (no shared system prompt, no sibling) holds keys
+no other request can hold, so its blocks stay out of the prefix-cache map
+until the request is freed unfinished (a preemption), when they enter it
+under their keys (``BlockPool.publish``) for its own lookup when it resumes.
+Every case below runs twice, once with every request's blocks in the map as
+they are filled (the engine told that no request is alone), and must give
+the same requests, steps, per-step trace and summary, on the fast path and
+on the step path. The cases preempt, and resumed requests hit their own
+published blocks (checked: the runs reach what they test).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import kvsim
+from kvsim.kv.block_pool import PRIVATE, BlockPool
+from kvsim.sim.engine import Engine
+
+
+def scenario(**engine) -> dict:
+    return {
+        "name": "private-blocks", "seed": 11, "model": "llama-3.1-8b",
+        "hardware": {"gpu": "h100-sxm"},
+        "engine": {"max_num_batched_tokens": 512, "max_model_len": 4096,
+                   "num_gpu_blocks_override": 260, **engine},
+        "cost_model": {"type": "roofline"},
+        "workload": {"num_requests": 150, "arrival": {"type": "poisson", "rate": 60.0},
+                     "prompt_len": {"type": "lognormal", "median": 300, "sigma": 0.8, "max": 2000},
+                     "output_len": {"type": "uniform", "low": 20, "high": 300}},
+    }
+
+
+CASES = {
+    "chunked": scenario(),
+    "chunked_priority": scenario(policy="priority"),
+    "chunked_block_32": scenario(block_size=32, num_gpu_blocks_override=130),
+    "chunked_async": scenario(async_scheduling=True),
+    "chunked_no_chunking": scenario(enable_chunked_prefill=False, max_num_batched_tokens=4096),
+    "continuous": scenario(scheduler="continuous", max_num_batched_tokens=4096),
+    # Swapped out, a request comes back with its blocks, not by a lookup: no hit.
+    "continuous_swap": scenario(scheduler="continuous", max_num_batched_tokens=4096,
+                                preemption_mode="swap", swap_space=1),
+    "multi_step": scenario(scheduler="continuous", max_num_batched_tokens=4096, num_scheduler_steps=4),
+}
+NO_HITS = {"continuous_swap"}
+
+
+def run(sc: dict, *, fast_path: bool, private: bool, monkeypatch):
+    calls = {"publish": 0, "private": 0, "hits": 0}
+    submit_one, publish, cache_private = Engine._submit_one, BlockPool.publish, BlockPool.cache_private_blocks
+    prefix = BlockPool.get_cached_prefix
+
+    def counted_prefix(self, hashes, max_blocks):
+        hits = prefix(self, hashes, max_blocks)
+        calls["hits"] += len(hits)
+        return hits
+
+    def counted_publish(self, blocks, hashes):
+        calls["publish"] += sum(self.block_hash[b] is PRIVATE for b in blocks)
+        publish(self, blocks, hashes)
+
+    def counted_private(self, blocks):
+        calls["private"] += len(blocks)
+        cache_private(self, blocks)
+
+    with monkeypatch.context() as m:
+        m.setattr(BlockPool, "publish", counted_publish)
+        m.setattr(BlockPool, "cache_private_blocks", counted_private)
+        m.setattr(BlockPool, "get_cached_prefix", counted_prefix)
+        if not private:
+            m.setattr(Engine, "_submit_one", lambda self, *a, alone=False: submit_one(self, *a))
+        steps = []
+        result = kvsim.simulate(sc, trace=steps.append, fast_path=fast_path)
+    return result, steps, calls
+
+
+@pytest.mark.parametrize("fast_path", [True, False], ids=["fast", "step"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_private_blocks_give_the_runs_of_blocks_all_in_the_map(name, fast_path, monkeypatch):
+    with_private, trace_a, calls = run(CASES[name], fast_path=fast_path, private=True, monkeypatch=monkeypatch)
+    in_map, trace_b, none = run(CASES[name], fast_path=fast_path, private=False, monkeypatch=monkeypatch)
+    pd.testing.assert_frame_equal(with_private.requests, in_map.requests, check_exact=True)
+    pd.testing.assert_frame_equal(with_private.steps, in_map.steps, check_exact=True)
+    assert trace_a == trace_b
+    np.testing.assert_array_equal(with_private.itl_s, in_map.itl_s)
+    assert with_private.summary == in_map.summary
+    # What the case is for: private blocks, preemptions that publish some, and
+    # resumed requests that hit their own blocks.
+    assert none["publish"] == none["private"] == 0 and calls["private"] > 1000
+    assert calls["publish"] > 0 and with_private.requests["num_preemptions"].sum() > 0
+    assert calls["hits"] == none["hits"] and (calls["hits"] > 0) != (name in NO_HITS)
+
+
+def test_requests_with_siblings_or_a_shared_prompt_are_not_private(monkeypatch):
+    shared = scenario()
+    shared["workload"] = {**shared["workload"], "prefix": {"shared_prompt_tokens": 64, "num_groups": 2}}
+    siblings = scenario()
+    siblings["workload"] = {**siblings["workload"], "num_requests": 40, "n": 2}
+    for sc in (shared, siblings):
+        _, _, calls = run(sc, fast_path=True, private=True, monkeypatch=monkeypatch)
+        assert calls["publish"] == calls["private"] == 0
+
+
+def test_an_evicted_private_block_leaves_no_hash_and_a_published_one_is_found():
+    pool = BlockPool(6)
+    a, b = pool.get_new_blocks(2)
+    pool.cache_private_blocks([a, b])
+    assert pool.num_cached_hashes() == 0 and pool.get_cached_prefix([-1, -3], 2) == []
+    pool.publish([a, b], [-1, -3])                   # freed unfinished: its own lookup finds them
+    assert pool.get_cached_prefix([-1, -3], 2) == [a, b]
+    c, = pool.get_new_blocks(1)
+    pool.cache_private_blocks([c])
+    pool.free_request_blocks([c, b, a], 0)           # all hashed: to the tail, in this order
+    assert pool.free_queue()[-3:] == [c, b, a]
+    taken = pool.get_new_blocks(5)                   # every free block: each eviction clears its hash
+    assert set(taken) >= {a, b, c} and pool.num_cached_hashes() == 0
+    assert all(pool.block_hash[x] is None for x in taken)
