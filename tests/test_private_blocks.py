@@ -1,8 +1,8 @@
 """Private blocks (kv/block_pool.py) change nothing but the work: the same runs with them and without.
 
 A fresh prompt of one sample (no shared system prompt, no sibling) holds keys
-no other request can hold, so its blocks stay out of the prefix-cache map
-until the request is freed unfinished (a preemption), when they enter it
+no other request can hold, so its blocks get no hash and stay out of the
+prefix-cache map until the request is freed unfinished (a preemption), when they enter it
 under their keys (``BlockPool.publish``) for its own lookup when it resumes.
 Every case below runs twice, once with every request's blocks in the map as
 they are filled (the engine told that no request is alone), and must give
@@ -18,7 +18,8 @@ import pandas as pd
 import pytest
 
 import kvsim
-from kvsim.kv.block_pool import PRIVATE, BlockPool
+from kvsim.kv.block_pool import BlockPool
+from kvsim.kv.manager import KVCacheManager
 from kvsim.sim.engine import Engine
 
 
@@ -52,7 +53,7 @@ NO_HITS = {"continuous_swap"}
 
 def run(sc: dict, *, fast_path: bool, private: bool, monkeypatch):
     calls = {"publish": 0, "private": 0, "hits": 0}
-    submit_one, publish, cache_private = Engine._submit_one, BlockPool.publish, BlockPool.cache_private_blocks
+    submit_one, publish, free = Engine._submit_one, BlockPool.publish, KVCacheManager.free
     prefix = BlockPool.get_cached_prefix
 
     def counted_prefix(self, hashes, max_blocks):
@@ -61,16 +62,20 @@ def run(sc: dict, *, fast_path: bool, private: bool, monkeypatch):
         return hits
 
     def counted_publish(self, blocks, hashes):
-        calls["publish"] += sum(self.block_hash[b] is PRIVATE for b in blocks)
+        calls["publish"] += sum(self.block_hash[b] is None for b in blocks)
         publish(self, blocks, hashes)
 
-    def counted_private(self, blocks):
-        calls["private"] += len(blocks)
-        cache_private(self, blocks)
+    def counted_free(self, req, finished=False):
+        # A private request's cached blocks that hold no hash when it is freed.
+        if req.private_keys:
+            blocks = self.req_to_blocks.get(req.request_id, [])
+            num_cached = self.num_cached_block.get(req.request_id, 0)
+            calls["private"] += sum(self.pool.block_hash[b] is None for b in blocks[:num_cached])
+        free(self, req, finished)
 
     with monkeypatch.context() as m:
         m.setattr(BlockPool, "publish", counted_publish)
-        m.setattr(BlockPool, "cache_private_blocks", counted_private)
+        m.setattr(KVCacheManager, "free", counted_free)
         m.setattr(BlockPool, "get_cached_prefix", counted_prefix)
         if not private:
             m.setattr(Engine, "_submit_one", lambda self, *a, alone=False: submit_one(self, *a))
@@ -106,17 +111,22 @@ def test_requests_with_siblings_or_a_shared_prompt_are_not_private(monkeypatch):
         assert calls["publish"] == calls["private"] == 0
 
 
-def test_an_evicted_private_block_leaves_no_hash_and_a_published_one_is_found():
-    pool = BlockPool(6)
-    a, b = pool.get_new_blocks(2)
-    pool.cache_private_blocks([a, b])
-    assert pool.num_cached_hashes() == 0 and pool.get_cached_prefix([-1, -3], 2) == []
+def test_private_blocks_go_to_the_tail_and_published_ones_are_found():
+    pool = BlockPool(8)
+    a, b, c = pool.get_new_blocks(3)                 # a private request's: cached, no hash
     pool.publish([a, b], [-1, -3])                   # freed unfinished: its own lookup finds them
-    assert pool.get_cached_prefix([-1, -3], 2) == [a, b]
-    c, = pool.get_new_blocks(1)
-    pool.cache_private_blocks([c])
-    pool.free_request_blocks([c, b, a], 0)           # all hashed: to the tail, in this order
+    assert pool.get_cached_prefix([-1, -3], 2) == [a, b] and pool.num_cached_hashes() == 2
+    pool.publish([a, b, c], [-1, -3, -5])            # again: the published ones keep their entry
+    assert pool.num_cached_hashes() == 3 and pool.get_cached_block(-5) == c
+    d, e = pool.get_new_blocks(2)
+    pool.free_request_blocks([e, d], 1)              # e holds nothing, d is cached (private)
+    assert pool.free_queue()[0] == e and pool.free_queue()[-1] == d
+    f, = pool.get_new_blocks(1)
+    assert f == e
+    pool.free_request_blocks([f], 0)                 # one block, cached: the tail (not the head)
+    assert pool.free_queue()[-1] == f
+    pool.free_request_blocks([c, b, a], 0)
     assert pool.free_queue()[-3:] == [c, b, a]
-    taken = pool.get_new_blocks(5)                   # every free block: each eviction clears its hash
+    taken = pool.get_new_blocks(7)                   # every free block: each eviction clears its hash
     assert set(taken) >= {a, b, c} and pool.num_cached_hashes() == 0
     assert all(pool.block_hash[x] is None for x in taken)

@@ -43,15 +43,18 @@ Block 0 is the null block: never queued, never freed, never cached
 **Private blocks.** A block filled by a request whose keys no other request
 can hold (a fresh prompt of one sample: ``Request.private_keys``) can be
 looked up only by that request, and only after it was freed unfinished (a
-preemption: it looks its prefix up again when it is rescheduled). Such a
-block gets ``PRIVATE`` as its hash instead of entering the map
-(``cache_private_blocks``): it is hashed for the free queue's order (B6, B7)
-and its eviction clears it (B4), but no map entry is made and deleted for
-it. When its request is freed unfinished, its private blocks enter the map
-under their keys (``publish``), which leaves the map as it would be had they
-entered it when filled: no other request looks their keys up, and keys
-that no other block holds have no order among duplicates (B8). W1 fills and
-evicts ~900,000 blocks, none of which is ever looked up.
+preemption: it looks its prefix up again when it is rescheduled). The KV
+manager counts such a block cached (A4) but gives the pool no hash for it:
+it never enters the map, and its eviction has nothing to clear (B4). Its
+place in the free queue is a hashed block's all the same (B6, B7), because
+the manager frees a request's blocks with ``free_request_blocks``, which
+takes the hashed ones from the manager's count, and none of a private
+request's blocks is shared. When its request is freed unfinished, its
+private blocks enter the map under their keys (``publish``), which leaves
+the map as it would be had they entered it when filled: no other request
+looks their keys up, and keys that no other block holds have no order among
+duplicates (B8). W1 fills and evicts ~900,000 blocks, none of which is ever
+looked up.
 """
 
 from __future__ import annotations
@@ -60,19 +63,6 @@ from collections.abc import Iterable, Sequence
 from operator import itemgetter
 
 NULL_BLOCK_ID = 0
-
-
-class _Private:
-    """The type of ``PRIVATE``."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "PRIVATE"
-
-
-# The hash of a private block (module docstring): hashed, not in the map.
-PRIVATE = _Private()
 
 
 class BlockPool:
@@ -102,7 +92,6 @@ class BlockPool:
         self._stale: dict[int, int] = {}    # block -> dead entries it has in the queue
         self._cached: dict[int, int | dict[int, None]] = {}
         self._num_multi = 0           # hashes held by several blocks (dict entries)
-        self._any_private = False     # some block has held PRIVATE
         self.block_tokens: list[tuple | None] = [None] * n
 
     # ------------------------------------------------------------- queries
@@ -195,7 +184,7 @@ class BlockPool:
             self._head = head + num_blocks
         self._num_free -= num_blocks
         ref, block_hash, cached = self.ref_cnt, self.block_hash, self._cached
-        if not cached and not self._any_private:
+        if not cached:
             # No block holds a hash (caching off, or nothing cached yet):
             # nothing to evict, no hash to clear.
             for b in out:
@@ -211,8 +200,7 @@ class BlockPool:
             for b in out:
                 h = block_hash[b]
                 if h is not None:                 # eviction: the block leaves the map
-                    if h is not PRIVATE:
-                        del cached[h]
+                    del cached[h]
                     block_hash[b] = None
                 ref[b] = 1
         return self._after_pop(out)
@@ -271,22 +259,26 @@ class BlockPool:
 
     def free_request_blocks(self, blocks: list[int], num_unhashed: int) -> None:
         """``free_blocks(blocks)`` (B6, B7) for one request's blocks, tail first,
-        of which the first ``num_unhashed`` hold no hash and the others do.
+        of which the first ``num_unhashed`` hold no hash and the others do
+        (or are private: the module docstring).
 
         The manager knows the split: a request's blocks are hashed from its
         first on (A4, ``num_cached_block``). When no block is shared (every
         ref_cnt is 1), all of them reach 0 and go to the queue as two slices,
         the unhashed to the head (with ``lifo_unhashed``) and the rest to the
-        tail, which is what the block-by-block loop does; otherwise it runs.
+        tail, which is what the block-by-block loop does; otherwise it runs
+        (never for a private request's blocks: none is shared).
         """
         n = len(blocks)
         ref = self.ref_cnt
-        if n < 2 or itemgetter(*blocks)(ref).count(1) != n:
+        if (ref[blocks[0]] != 1 if n == 1 else
+                n == 0 or itemgetter(*blocks)(ref).count(1) != n):
             self.free_blocks(blocks)
             return
         if self.debug:
             block_hash = self.block_hash
             if any((block_hash[b] is None) != (i < num_unhashed) for i, b in enumerate(blocks)):
+                # (No request is private in debug mode: KVCacheManager.)
                 raise AssertionError(f"free_request_blocks: the first {num_unhashed} of "
                                      f"{blocks} are not exactly the unhashed ones")
         for b in blocks:
@@ -339,22 +331,13 @@ class BlockPool:
             for i in range(num_cached_blocks, num_full_blocks):
                 self.block_tokens[blocks[i]] = tuple(tokens[i * block_size:(i + 1) * block_size])
 
-    def cache_private_blocks(self, blocks: Sequence[int]) -> None:
-        """A4 for blocks only their own request can look up (module docstring):
-        each is hashed, as ``PRIVATE``, and none enters the map."""
-        self._any_private = True
-        block_hash = self.block_hash
-        for b in blocks:
-            block_hash[b] = PRIVATE
-        if NULL_BLOCK_ID in blocks:
-            block_hash[NULL_BLOCK_ID] = None      # never cached (B2)
-
     def publish(self, blocks: Sequence[int], block_hashes: Sequence[int]) -> None:
-        """The private ones of ``blocks`` enter the map under their ``block_hashes``
-        (their request is freed unfinished and may look them up again)."""
+        """The private ones of a request's cached ``blocks`` (those without a
+        hash, module docstring) enter the map under their ``block_hashes``: the
+        request is freed unfinished and may look them up again."""
         cached, block_hash = self._cached, self.block_hash
         for b, h in zip(blocks, block_hashes):
-            if block_hash[b] is PRIVATE:
+            if block_hash[b] is None:
                 block_hash[b] = h
                 if cached.setdefault(h, b) != b:
                     self._add_duplicate(h, b)
@@ -428,9 +411,6 @@ class BlockPool:
         """B4: block ``b`` leaves the hash map; the other blocks stored under its
         hash stay, the first one first (B8)."""
         h = self.block_hash[b]
-        if h is PRIVATE:
-            self.block_hash[b] = None
-            return
         entry = self._cached.pop(h)
         if type(entry) is not int:
             del entry[b]

@@ -122,15 +122,13 @@ class ChunkRunSteps:
                     r = reqs[i]
                     self._cache_full_blocks(r, blocks_of[r.request_id], num_computed[i] + key // n)
             return
-        # Private blocks (kv/block_pool.py) apart: they take no place in the map.
-        blocks, hashes, private = [], [], []
+        # A private request's blocks get no hash (kv/block_pool.py): only its count.
+        blocks, hashes = [], []
         own, own_hashes = blocks_of[rid], last.block_hashes
         for key, _, m in _in_order(keys, segments, n):
             if m:
                 j = cached[rid]
-                if last.private_keys:
-                    private += own[j:j + m]
-                else:
+                if not last.private_keys:
                     blocks += own[j:j + m]
                     hashes += own_hashes[j:j + m]
                 cached[rid] = j + m
@@ -138,14 +136,10 @@ class ChunkRunSteps:
                 i = key % n
                 r = reqs[i]
                 j = (num_computed[i] + key // n) // bs - 1
-                if r.private_keys:
-                    private.append(blocks_of[r.request_id][j])
-                else:
+                if not r.private_keys:
                     blocks.append(blocks_of[r.request_id][j])
                     hashes.append(r.block_hashes[j])
                 cached[r.request_id] = j + 1      # keys ascend: the last fill of each is its count
-        if private:
-            self.pool.cache_private_blocks(private)
         if blocks:
             self.pool.cache_blocks_in_order(blocks, hashes)
 

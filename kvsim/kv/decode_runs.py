@@ -177,21 +177,17 @@ class DecodeRunSteps:
         # Each fill caches one block, j = (c + s) // bs - 1: the blocks and
         # their hashes in fill order, stored by the pool one by one (what
         # _cache_full_blocks does one block at a time, without its checks).
-        # Private blocks (kv/block_pool.py) apart: they take no place in the map.
-        blocks, hashes, private = [], [], []
+        # A private request's blocks get no hash (kv/block_pool.py): only its count.
+        blocks, hashes = [], []
         cached = self.num_cached_block
         for key in keys:
             i = key % num_seqs
             r = reqs[i]
             j = (num_computed[i] + key // num_seqs) // bs - 1
-            if r.private_keys:
-                private.append(blocks_of[r.request_id][j])
-            else:
+            if not r.private_keys:
                 blocks.append(blocks_of[r.request_id][j])
                 hashes.append(r.block_hashes[j])
             cached[r.request_id] = j + 1          # keys ascend: the last fill of each is its count
-        if private:
-            self.pool.cache_private_blocks(private)
         if blocks:
             self.pool.cache_blocks_in_order(blocks, hashes)
 

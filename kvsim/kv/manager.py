@@ -218,10 +218,13 @@ class KVCacheManager(PoolQueries, DecodeRunSteps, ChunkRunSteps):
         num_cached = self.num_cached_block.pop(req.request_id, None)
         if not blocks:
             return
-        if req.private_keys and num_cached and not finished:
-            # It may look its prefix up again: its private blocks enter the map.
-            self.pool.publish(blocks[:num_cached], req.block_hashes[:num_cached])
-        if self._any_forks or num_cached is None:
+        if req.private_keys and num_cached is not None:
+            if num_cached and not finished:
+                # It may look its prefix up again: its private blocks enter the map.
+                self.pool.publish(blocks[:num_cached], req.block_hashes[:num_cached])
+            # Its cached blocks go to the tail, private or not (kv/block_pool.py).
+            self.pool.free_request_blocks(blocks[::-1], len(blocks) - num_cached)
+        elif self._any_forks or num_cached is None:
             self.pool.free_blocks(blocks[::-1])
         else:
             # Its first num_cached blocks hold their hash, the others none (A4);
@@ -257,10 +260,8 @@ class KVCacheManager(PoolQueries, DecodeRunSteps, ChunkRunSteps):
         num_full = num_tokens // self.block_size
         done = self.num_cached_block[rid]
         if num_full > done:
-            if req.private_keys and not self.debug:
-                # Only it can look its keys up (kv/block_pool.py, private blocks).
-                self.pool.cache_private_blocks(blocks[done:num_full])
-            else:
+            if not req.private_keys or self.debug:
+                # (A private request's blocks get no hash: kv/block_pool.py.)
                 self.pool.cache_full_blocks(blocks, req.block_hashes, done, num_full,
                                             req.all_token_ids if self.debug else None, self.block_size)
             self.num_cached_block[rid] = num_full
