@@ -94,11 +94,11 @@ class ChunkRunSteps:
                     pos += 1
         out = list(accumulate(taken, sub, initial=free))[1:]
         if self.enable_caching:
-            # A decode's first uncached block j is full at step (j + 1) * bs - c;
-            # the chunked request's blocks as its chunks complete them.
+            # The decodes' fills (kv/decode_runs.py ``_fill_starts``); the
+            # chunked request's blocks as its chunks complete them.
             cached = self.num_cached_block
-            keys = _step_keys([(cached[r.request_id] + 1) * bs - k for r, k in zip(reqs[:-1], num_computed)],
-                              first_step, last_step, bs, n) if n > 1 else []
+            starts = self._fill_starts(reqs[:-1], num_computed, last_step) if n > 1 else None
+            keys = _step_keys(starts, first_step, last_step, bs, n) if starts else []
             segments = _segments(cached[last.request_id], c, chunk, end, first_step, last_step, bs,
                                  ceil=False)
             if keys or segments:
@@ -136,9 +136,8 @@ class ChunkRunSteps:
                 i = key % n
                 r = reqs[i]
                 j = (num_computed[i] + key // n) // bs - 1
-                if not r.private_keys:
-                    blocks.append(blocks_of[r.request_id][j])
-                    hashes.append(r.block_hashes[j])
+                blocks.append(blocks_of[r.request_id][j])       # (not private: _fill_starts)
+                hashes.append(r.block_hashes[j])
                 cached[r.request_id] = j + 1      # keys ascend: the last fill of each is its count
         if blocks:
             self.pool.cache_blocks_in_order(blocks, hashes)

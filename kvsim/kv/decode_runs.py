@@ -102,9 +102,8 @@ class DecodeRunSteps:
             for held, block in zip(grow, self.pool.get_new_blocks(len(grow))):
                 held.append(block)
         if self.enable_caching:
-            cached = self.num_cached_block
-            keys = _step_keys([(cached[r.request_id] + 1) * bs - c for r, c in zip(reqs, num_computed)],
-                              1, 1, bs, len(reqs))
+            starts = self._fill_starts(reqs, num_computed, 1)
+            keys = _step_keys(starts, 1, 1, bs, len(reqs)) if starts else None
             if keys:
                 self._cache_decode_steps(reqs, num_computed, keys, 1)
         return True
@@ -150,14 +149,35 @@ class DecodeRunSteps:
                 taken[key // num_seqs - first_step] += 1
             out = list(accumulate(taken, sub, initial=free))[1:]
         if self.enable_caching:
-            # Step s leaves a request with c + s tokens: its first uncached
-            # block j is full at step (j + 1) * bs - c.
-            cached = self.num_cached_block
-            keys = _step_keys([(cached[r.request_id] + 1) * bs - c for r, c in zip(reqs, num_computed)],
-                              first_step, last_step, bs, num_seqs)
+            starts = self._fill_starts(reqs, num_computed, last_step)
+            keys = _step_keys(starts, first_step, last_step, bs, num_seqs) if starts else None
             if keys:
                 self._cache_decode_steps(reqs, num_computed, keys, last_step)
         return out
+
+    def _fill_starts(self, reqs: Sequence, num_computed: Sequence[int], last_step: int) -> list[int] | None:
+        """The step of a run in which each request's first uncached block fills:
+        step s leaves a request with c + s tokens, so block j is full at step
+        (j + 1) * bs - c (``_step_keys``' progressions of fills). A private
+        request's blocks get no hash (kv/block_pool.py): its count of cached
+        blocks is brought to ``last_step`` here and its progression starts
+        past the run. None when no fill needs a hash."""
+        bs = self.block_size
+        cached = self.num_cached_block
+        if self.debug:                            # (no request is private in debug mode)
+            return [(cached[r.request_id] + 1) * bs - c for r, c in zip(reqs, num_computed)]
+        starts = []
+        hashed = False
+        for r, c in zip(reqs, num_computed):
+            if r.private_keys:
+                full = (c + last_step) // bs      # its blocks full after the last step
+                if full > cached[r.request_id]:
+                    cached[r.request_id] = full
+                starts.append(last_step + 1)
+            else:
+                hashed = True
+                starts.append((cached[r.request_id] + 1) * bs - c)
+        return starts if hashed else None
 
     def _cache_decode_steps(self, reqs: Sequence, num_computed: Sequence[int],
                             keys: list[int], last_step: int) -> None:
@@ -177,16 +197,15 @@ class DecodeRunSteps:
         # Each fill caches one block, j = (c + s) // bs - 1: the blocks and
         # their hashes in fill order, stored by the pool one by one (what
         # _cache_full_blocks does one block at a time, without its checks).
-        # A private request's blocks get no hash (kv/block_pool.py): only its count.
+        # (No key is a private request's: ``_fill_starts``.)
         blocks, hashes = [], []
         cached = self.num_cached_block
         for key in keys:
             i = key % num_seqs
             r = reqs[i]
             j = (num_computed[i] + key // num_seqs) // bs - 1
-            if not r.private_keys:
-                blocks.append(blocks_of[r.request_id][j])
-                hashes.append(r.block_hashes[j])
+            blocks.append(blocks_of[r.request_id][j])
+            hashes.append(r.block_hashes[j])
             cached[r.request_id] = j + 1          # keys ascend: the last fill of each is its count
         if blocks:
             self.pool.cache_blocks_in_order(blocks, hashes)
