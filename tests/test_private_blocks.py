@@ -130,3 +130,16 @@ def test_private_blocks_go_to_the_tail_and_published_ones_are_found():
     taken = pool.get_new_blocks(7)                   # every free block: each eviction clears its hash
     assert set(taken) >= {a, b, c} and pool.num_cached_hashes() == 0
     assert all(pool.block_hash[x] is None for x in taken)
+
+
+def test_debug_mode_hashes_private_requests_blocks_and_agrees(monkeypatch):
+    """Debug mode keeps no block private (it checks every hit against its tokens)
+    and runs the free queue's split check: the same run as with private blocks."""
+    with_private, trace_a, calls = run(CASES["chunked"], fast_path=True, private=True, monkeypatch=monkeypatch)
+    debug, trace_b, debug_calls = run(scenario(debug=True), fast_path=True, private=True,
+                                      monkeypatch=monkeypatch)
+    pd.testing.assert_frame_equal(with_private.requests, debug.requests, check_exact=True)
+    pd.testing.assert_frame_equal(with_private.steps, debug.steps, check_exact=True)
+    assert trace_a == trace_b
+    assert calls["private"] > 1000 and debug_calls["private"] == debug_calls["publish"] == 0
+    assert calls["hits"] == debug_calls["hits"] > 0

@@ -276,9 +276,9 @@ class BlockPool:
             self.free_blocks(blocks)
             return
         if self.debug:
+            # (Debug mode hashes a private request's blocks too: KVCacheManager.)
             block_hash = self.block_hash
             if any((block_hash[b] is None) != (i < num_unhashed) for i, b in enumerate(blocks)):
-                # (No request is private in debug mode: KVCacheManager.)
                 raise AssertionError(f"free_request_blocks: the first {num_unhashed} of "
                                      f"{blocks} are not exactly the unhashed ones")
         for b in blocks:

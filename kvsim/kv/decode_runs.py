@@ -164,7 +164,7 @@ class DecodeRunSteps:
         past the run. None when no fill needs a hash."""
         bs = self.block_size
         cached = self.num_cached_block
-        if self.debug:                            # (no request is private in debug mode)
+        if self.debug:                            # (it hashes a private request's blocks too)
             return [(cached[r.request_id] + 1) * bs - c for r, c in zip(reqs, num_computed)]
         starts = []
         hashed = False
