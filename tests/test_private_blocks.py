@@ -8,17 +8,26 @@ Every case below runs twice, once with every request's blocks in the map as
 they are filled (the engine told that no request is alone), and must give
 the same requests, steps, per-step trace and summary, on the fast path and
 on the step path. The cases preempt, and resumed requests hit their own
-published blocks (checked: the runs reach what they test).
+published blocks (checked: the runs reach what they test). A hypothesis
+state machine then drives two KV managers through the same admissions,
+decode steps and runs, preemptions, resumptions and finishes, with private
+requests in one and none in the other, and checks that their pools stay
+the same, lookups included.
 """
 
 from __future__ import annotations
 
+import hypothesis.strategies as st
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import settings
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition,
+                                 rule, run_state_machine_as_test)
 
 import kvsim
 from kvsim.kv.block_pool import BlockPool
+from kvsim.kv.hashing import block_hashes
 from kvsim.kv.manager import KVCacheManager
 from kvsim.sim.engine import Engine
 
@@ -143,3 +152,151 @@ def test_debug_mode_hashes_private_requests_blocks_and_agrees(monkeypatch):
     assert trace_a == trace_b
     assert calls["private"] > 1000 and debug_calls["private"] == debug_calls["publish"] == 0
     assert calls["hits"] == debug_calls["hits"] > 0
+
+
+MAX_TOKENS = 40        # a request's whole sequence, known from the start as a trace's is
+
+
+class _Req:
+    """What the KV manager reads of a request; ``private_keys`` as the engine sets it.
+    Its ids are drawn up front, as the engine's fresh outputs are, so a decode
+    run can hash the blocks its steps fill."""
+
+    def __init__(self, request_id: str, ids: list[int], length: int, block_size: int,
+                 private: bool) -> None:
+        self.request_id = request_id
+        self.num_tokens = length
+        self.num_computed_tokens = 0
+        self.private_keys = private
+        self.block_hashes = block_hashes(ids, block_size)
+
+
+class PrivateAndPublic(RuleBasedStateMachine):
+    """The same operations on two managers: in one the requests with fresh ids
+    (ids no other request holds) are private, in the other no request is.
+    After each operation the pools' free queues (order included), free
+    counts, block tables and cached counts are equal, and so is every lookup
+    the schedulers can make: of a request about to be admitted, or resumed
+    after a preemption. Shared requests draw their ids from a two-letter
+    alphabet, so they hit each other's blocks (and duplicates, B8, happen)."""
+
+    # Totals over every example, to check the runs reach what the test is for.
+    totals = {"runs": 0, "published": 0, "own_hits": 0, "shared_hits": 0}
+
+    @initialize(block_size=st.integers(2, 4), num_blocks=st.integers(6, 24), lifo=st.booleans())
+    def setup(self, block_size, num_blocks, lifo):
+        self.bs = block_size
+        self.kvs = [KVCacheManager(num_blocks, block_size, max_model_len=64, lifo_unhashed=lifo)
+                    for _ in range(2)]
+        self.live: dict[str, tuple[_Req, _Req]] = {}
+        self.waiting: list[tuple[_Req, _Req]] = []
+        self.fresh = -1                    # the next fresh id (negative: no shared id is)
+        self.counter = 0
+
+    def _ids(self, private: bool, data) -> list[int]:
+        if private:
+            self.fresh -= MAX_TOKENS
+            return list(range(self.fresh, self.fresh + MAX_TOKENS))
+        return data.draw(st.lists(st.integers(0, 1), min_size=MAX_TOKENS, max_size=MAX_TOKENS))
+
+    def _admit(self, pair) -> bool:
+        results = []
+        for kv, req in zip(self.kvs, pair):
+            hits, num_hit = kv.get_computed_blocks(req)
+            results.append((hits, kv.allocate_slots(req, req.num_tokens - num_hit, num_hit, hits)))
+        assert results[0] == results[1]
+        if results[0][0]:
+            self.totals["own_hits" if pair[0].private_keys else "shared_hits"] += 1
+        if results[0][1] is None:
+            return False
+        for req in pair:
+            req.num_computed_tokens = req.num_tokens
+            req.num_tokens += 1               # it samples
+        self.live[pair[0].request_id] = pair
+        return True
+
+    @rule(data=st.data(), private=st.booleans(), length=st.integers(1, 12))
+    def admit_new(self, data, private, length):
+        self.counter += 1
+        ids = self._ids(private, data)
+        pair = tuple(_Req(f"r{self.counter}", ids, length, self.bs, private and k == 0)
+                     for k in range(2))
+        self._admit(pair)
+
+    @precondition(lambda self: self.waiting)
+    @rule(data=st.data())
+    def resume(self, data):
+        pair = data.draw(st.sampled_from(self.waiting))
+        if self._admit(pair):
+            self.waiting.remove(pair)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def append(self, data):
+        pair = self.live[data.draw(st.sampled_from(sorted(self.live)))]
+        if pair[0].num_tokens >= MAX_TOKENS:
+            return
+        new = [kv.allocate_slots(req, 1) for kv, req in zip(self.kvs, pair)]
+        assert new[0] == new[1]
+        if new[0] is not None:
+            for req in pair:
+                req.num_computed_tokens = req.num_tokens
+                req.num_tokens += 1
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data(), steps=st.integers(1, 6))
+    def decode_run(self, data, steps):
+        ids = data.draw(st.lists(st.sampled_from(sorted(self.live)), min_size=1, unique=True))
+        pairs = [self.live[rid] for rid in ids]
+        if max(p[0].num_tokens for p in pairs) + steps > MAX_TOKENS:
+            return
+        computed = [p[0].num_computed_tokens for p in pairs]
+        outs = []
+        for k, kv in enumerate(self.kvs):
+            reqs = [p[k] for p in pairs]
+            first = kv.decode_run_first_allocations(reqs, computed)
+            if kv.nth_decode_run_allocation(first, kv.get_num_free_blocks() + 1, steps) is not None:
+                outs.append(None)         # its blocks would not fit: the scheduler would step
+                continue
+            outs.append(kv.allocate_decode_steps(reqs, computed, first, 1, steps))
+        assert outs[0] == outs[1]
+        if outs[0] is None:
+            return
+        self.totals["runs"] += 1
+        for p in pairs:
+            for req in p:
+                req.num_computed_tokens += steps
+                req.num_tokens += steps
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def preempt(self, data):
+        pair = self.live.pop(data.draw(st.sampled_from(sorted(self.live))))
+        if pair[0].private_keys and self.kvs[0].num_cached_block[pair[0].request_id]:
+            self.totals["published"] += 1
+        for kv, req in zip(self.kvs, pair):
+            kv.free(req)
+            req.num_computed_tokens = 0
+        self.waiting.append(pair)
+
+    @precondition(lambda self: self.live)
+    @rule(data=st.data())
+    def finish(self, data):
+        pair = self.live.pop(data.draw(st.sampled_from(sorted(self.live))))
+        for kv, req in zip(self.kvs, pair):
+            kv.free(req, finished=True)
+
+    @invariant()
+    def the_same_pool(self):
+        a, b = self.kvs
+        assert a.pool.free_queue() == b.pool.free_queue()
+        assert a.get_num_free_blocks() == b.get_num_free_blocks()
+        assert a.req_to_blocks == b.req_to_blocks and a.num_cached_block == b.num_cached_block
+        for pair in self.waiting:
+            assert a.get_computed_blocks(pair[0]) == b.get_computed_blocks(pair[1])
+
+
+def test_private_requests_leave_the_pool_as_public_ones_would():
+    run_state_machine_as_test(PrivateAndPublic, settings=settings(
+        max_examples=150, stateful_step_count=40, deadline=None))
+    assert min(PrivateAndPublic.totals.values()) > 0, PrivateAndPublic.totals
