@@ -161,18 +161,23 @@ class DecodeRunSteps:
         (j + 1) * bs - c (``_step_keys``' progressions of fills). A private
         request's blocks get no hash (kv/block_pool.py): its count of cached
         blocks is brought to ``last_step`` here and its progression starts
-        past the run. None when no fill needs a hash."""
+        past the run (a running request's count is that of the blocks its
+        computed tokens fill, A4, so the run's end sets it). None when no fill
+        needs a hash."""
         bs = self.block_size
         cached = self.num_cached_block
         if self.debug:                            # (it hashes a private request's blocks too)
             return [(cached[r.request_id] + 1) * bs - c for r, c in zip(reqs, num_computed)]
+        if not self._num_hashed_reqs:
+            # Every request holding blocks is private (W1's every run): only the counts.
+            for r, c in zip(reqs, num_computed):
+                cached[r.request_id] = (c + last_step) // bs
+            return None
         starts = []
         hashed = False
         for r, c in zip(reqs, num_computed):
             if r.private_keys:
-                full = (c + last_step) // bs      # its blocks full after the last step
-                if full > cached[r.request_id]:
-                    cached[r.request_id] = full
+                cached[r.request_id] = (c + last_step) // bs     # its blocks full after the last step
                 starts.append(last_step + 1)
             else:
                 hashed = True

@@ -86,6 +86,7 @@ class KVCacheManager(PoolQueries, DecodeRunSteps, ChunkRunSteps):
         self.blocks_to_copy: list[tuple[int, int]] = []
         self.num_cow_copies = 0
         self._any_forks = False       # copy-on-write checks only once something forked
+        self._num_hashed_reqs = 0     # requests holding blocks whose blocks get a hash (not private)
 
     # -------------------------------------------------------------- queries
     # (num_usable_blocks, get_num_free_blocks, usage, free_queue: PoolQueries)
@@ -188,6 +189,8 @@ class KVCacheManager(PoolQueries, DecodeRunSteps, ChunkRunSteps):
                 # First allocation since admission: the hits count as cached.
                 blocks.extend(new_computed_blocks)
                 self.num_cached_block[rid] = len(new_computed_blocks)
+                if not req.private_keys or self.debug:
+                    self._num_hashed_reqs += 1
             self._copy_on_write(req, blocks)
         bs = self.block_size
         new_blocks = []
@@ -216,6 +219,8 @@ class KVCacheManager(PoolQueries, DecodeRunSteps, ChunkRunSteps):
         never runs again (else, a preemption, it may look its prefix up again)."""
         blocks = self.req_to_blocks.pop(req.request_id, None)
         num_cached = self.num_cached_block.pop(req.request_id, None)
+        if num_cached is not None and (not req.private_keys or self.debug):
+            self._num_hashed_reqs -= 1
         if not blocks:
             return
         if req.private_keys and num_cached is not None:
@@ -244,6 +249,8 @@ class KVCacheManager(PoolQueries, DecodeRunSteps, ChunkRunSteps):
         for b in blocks:
             ref[b] += 1
         self.req_to_blocks[child.request_id] = blocks
+        if child.request_id not in self.num_cached_block:
+            self._num_hashed_reqs += 1            # (a sibling: never private)
         self.num_cached_block[child.request_id] = self.num_cached_block.get(parent.request_id, 0)
 
     # -------------------------------------------------------------- private
