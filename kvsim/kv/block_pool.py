@@ -270,9 +270,11 @@ class BlockPool:
         (never for a private request's blocks: none is shared).
         """
         n = len(blocks)
+        if n == 0:
+            return
         ref = self.ref_cnt
-        if (ref[blocks[0]] != 1 if n == 1 else
-                n == 0 or itemgetter(*blocks)(ref).count(1) != n):
+        refs = (ref[blocks[0]],) if n == 1 else itemgetter(*blocks)(ref)   # (one: itemgetter's scalar)
+        if refs.count(1) != n:
             self.free_blocks(blocks)
             return
         if self.debug:

@@ -166,7 +166,7 @@ class DecodeRunSteps:
         needs a hash."""
         bs = self.block_size
         cached = self.num_cached_block
-        if self.debug:                            # (it hashes a private request's blocks too)
+        if self.debug:                            # (_hashes_blocks_of: every request, hoisted)
             return [(cached[r.request_id] + 1) * bs - c for r, c in zip(reqs, num_computed)]
         if not self._num_hashed_reqs:
             # Every request holding blocks is private (W1's every run): only the counts.

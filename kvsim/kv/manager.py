@@ -189,7 +189,7 @@ class KVCacheManager(PoolQueries, DecodeRunSteps, ChunkRunSteps):
                 # First allocation since admission: the hits count as cached.
                 blocks.extend(new_computed_blocks)
                 self.num_cached_block[rid] = len(new_computed_blocks)
-                if not req.private_keys or self.debug:
+                if self._hashes_blocks_of(req):
                     self._num_hashed_reqs += 1
             self._copy_on_write(req, blocks)
         bs = self.block_size
@@ -219,7 +219,7 @@ class KVCacheManager(PoolQueries, DecodeRunSteps, ChunkRunSteps):
         never runs again (else, a preemption, it may look its prefix up again)."""
         blocks = self.req_to_blocks.pop(req.request_id, None)
         num_cached = self.num_cached_block.pop(req.request_id, None)
-        if num_cached is not None and (not req.private_keys or self.debug):
+        if num_cached is not None and self._hashes_blocks_of(req):
             self._num_hashed_reqs -= 1
         if not blocks:
             return
@@ -255,6 +255,12 @@ class KVCacheManager(PoolQueries, DecodeRunSteps, ChunkRunSteps):
 
     # -------------------------------------------------------------- private
 
+    def _hashes_blocks_of(self, req) -> bool:
+        """Whether ``req``'s full blocks get their hash in the pool when they fill:
+        not a private request's (kv/block_pool.py), but in debug mode, which
+        checks every hit against its tokens."""
+        return not req.private_keys or self.debug
+
     def _cache_full_blocks(self, req, blocks: list[int], num_tokens: int) -> None:
         """A4: hash the request's blocks that are full once ``num_tokens`` of it are computed.
 
@@ -267,8 +273,7 @@ class KVCacheManager(PoolQueries, DecodeRunSteps, ChunkRunSteps):
         num_full = num_tokens // self.block_size
         done = self.num_cached_block[rid]
         if num_full > done:
-            if not req.private_keys or self.debug:
-                # (A private request's blocks get no hash: kv/block_pool.py.)
+            if self._hashes_blocks_of(req):
                 self.pool.cache_full_blocks(blocks, req.block_hashes, done, num_full,
                                             req.all_token_ids if self.debug else None, self.block_size)
             self.num_cached_block[rid] = num_full
