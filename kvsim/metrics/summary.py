@@ -31,6 +31,8 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from kvsim.metrics import chunked_stats
+
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 STATISTICS = ("mean", "median", "std", "p90", "p99")
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")
@@ -81,13 +83,17 @@ def summarize(requests, steps, itl_s, *, num_gpu_blocks: int, slo: dict | None =
 
     latency = {}
     for metric, values_ms, remake in (
-        ("ttft", lat["ttft_s"] * 1000.0, None),
-        ("tpot", lat["tpot_s"][lat["num_output_tokens"] > 1] * 1000.0, None),
-        # The gaps, tens of millions in a fleet, in one temporary, made twice.
-        ("itl", itl_s * 1000.0, lambda out: np.multiply(itl_s, 1000.0, out=out)),
-        ("e2el", lat["e2el_s"] * 1000.0, None),
+        ("ttft", lambda: lat["ttft_s"] * 1000.0, None),
+        ("tpot", lambda: lat["tpot_s"][lat["num_output_tokens"] > 1] * 1000.0, None),
+        # The gaps, in one temporary made twice; tens of millions (a fleet's) a chunk at a
+        # time instead (kvsim/metrics/chunked_stats.py).
+        ("itl", lambda: itl_s * 1000.0, lambda out: np.multiply(itl_s, 1000.0, out=out)),
+        ("e2el", lambda: lat["e2el_s"] * 1000.0, None),
     ):
-        latency.update(latency_stats(metric, values_ms, reorder=True, remake=remake))  # each a temporary
+        if metric == "itl" and len(itl_s) >= chunked_stats.MIN_VALUES:
+            latency.update(scaled_latency_stats(metric, itl_s, 1000.0))
+        else:
+            latency.update(latency_stats(metric, values_ms(), reorder=True, remake=remake))  # each a temporary
 
     arrival = _column(requests, "arrival_time_s")
     finish = _column(requests, "finish_time_s")
@@ -238,6 +244,32 @@ def latency_stats(metric: str, values_ms: np.ndarray, *, reorder: bool = False,
     else:
         std = float(np.std(values_ms))
     median, p90, p99 = median_p90_p99(values_ms, in_place=reorder)
+    return _latency_dict(metric, mean, std, median, p90, p99)
+
+
+def scaled_latency_stats(metric: str, values: np.ndarray, scale: float) -> dict[str, float]:
+    """``latency_stats(metric, values * scale)``, the same floats, without the scaled
+    array: it is made a chunk at a time (kvsim/metrics/chunked_stats.py). ``values``:
+    a 1-d float array."""
+    values = np.ascontiguousarray(values, dtype=float)
+    if len(values) == 0:
+        return {f"{stat}_{metric}_ms": NAN for stat in STATISTICS}
+    plan = QuantileRanks(len(values))
+    mean, std, found = chunked_stats.scaled_mean_std_ranks(values, scale, plan.ranks)
+    if found is None:                                # a NaN among the values
+        return _latency_dict(metric, mean, std, NAN, NAN, NAN)
+    n = len(values)
+
+    def value_at(rank):
+        if np.ndim(rank):
+            return np.array([found[r % n] for r in rank.tolist()], dtype=float)
+        return found[rank]
+
+    return _latency_dict(metric, mean, std, *plan.quantiles(value_at))
+
+
+def _latency_dict(metric: str, mean: float, std: float, median: float, p90: float,
+                  p99: float) -> dict[str, float]:
     return {
         f"mean_{metric}_ms": mean,
         f"median_{metric}_ms": median,
@@ -283,24 +315,41 @@ def median_p90_p99(values: np.ndarray, *, in_place: bool = False) -> tuple[float
     n = len(values)
     if np.isnan(values).any():
         return NAN, NAN, NAN
-    virtual = (n - 1) * _P90_P99
-    prev = np.floor(virtual)
-    nxt = prev + 1
-    above = virtual >= n - 1                         # past the last index: the last value
-    prev[above] = nxt[above] = -1
-    prev, nxt = prev.astype(np.intp), nxt.astype(np.intp)
-    half = n // 2
-    middle = (half - 1, half) if n % 2 == 0 else (half,)
+    plan = QuantileRanks(n)
     part = values if in_place else np.array(values, dtype=float)
-    _place_ranks(part, sorted({*middle, *(prev % n).tolist(), *(nxt % n).tolist()}))
-    # np.mean of the middle values: their sum (one addition at most), over their count.
-    median = float(part[half - 1] + part[half]) / 2.0 if n % 2 == 0 else float(part[half])
-    a, b = part[prev], part[nxt]
-    gamma = virtual - prev
-    diff = b - a
-    lerp = a + diff * gamma
-    np.subtract(b, diff * (1 - gamma), out=lerp, where=gamma >= 0.5)
-    return median, float(lerp[0]), float(lerp[1])
+    _place_ranks(part, plan.ranks)
+    return plan.quantiles(part.__getitem__)
+
+
+class QuantileRanks:
+    """The order statistics the median, p90 and p99 of ``n`` values read
+    (``ranks``), and numpy's arithmetic on them (``quantiles``)."""
+
+    def __init__(self, n: int) -> None:
+        virtual = (n - 1) * _P90_P99
+        prev = np.floor(virtual)
+        nxt = prev + 1
+        above = virtual >= n - 1                         # past the last index: the last value
+        prev[above] = nxt[above] = -1
+        self.n, self.virtual = n, virtual
+        self.prev, self.nxt = prev.astype(np.intp), nxt.astype(np.intp)
+        half = n // 2
+        self.middle = (half - 1, half) if n % 2 == 0 else (half,)
+        self.ranks = sorted({*self.middle, *(self.prev % n).tolist(), *(self.nxt % n).tolist()})
+
+    def quantiles(self, value_at) -> tuple[float, float, float]:
+        """(median, p90, p99) from ``value_at(rank)``, the rank-th smallest value
+        (a rank array for p90 and p99; -1 is the last)."""
+        middle = self.middle
+        # np.mean of the middle values: their sum (one addition at most), over their count.
+        median = (float(value_at(middle[0]) + value_at(middle[1])) / 2.0 if len(middle) == 2
+                  else float(value_at(middle[0])))
+        a, b = value_at(self.prev), value_at(self.nxt)
+        gamma = self.virtual - self.prev
+        diff = b - a
+        lerp = a + diff * gamma
+        np.subtract(b, diff * (1 - gamma), out=lerp, where=gamma >= 0.5)
+        return median, float(lerp[0]), float(lerp[1])
 
 
 def _place_ranks(part: np.ndarray, ranks: list[int]) -> None:

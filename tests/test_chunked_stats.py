@@ -1,0 +1,108 @@
+"""kvsim.metrics.chunked_stats: a fleet's latency statistics a chunk at a time, bit for bit
+the whole array's (``summary.latency_stats`` of the scaled values, which is numpy's)."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from kvsim.metrics import chunked_stats
+from kvsim.metrics.summary import latency_stats, scaled_latency_stats, summarize
+
+
+def whole(values, scale):
+    return latency_stats("itl", np.asarray(values, dtype=float) * scale)
+
+
+def same(a: dict, b: dict) -> bool:
+    """Equal floats, NaN equal to NaN, -0.0 apart from 0.0: the same bits."""
+    return a.keys() == b.keys() and all(
+        (math.isnan(a[k]) and math.isnan(b[k])) or (a[k] == b[k] and math.copysign(1, a[k]) == math.copysign(1, b[k]))
+        for k in a)
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Chunks of a few hundred values and a small sample: every branch at test sizes."""
+    monkeypatch.setattr(chunked_stats, "CHUNK", 200)
+    monkeypatch.setattr(chunked_stats, "_SAMPLE", 64)
+
+
+values_strategy = st.one_of(
+    hnp.arrays(np.float64, st.integers(1, 3000),
+               elements=st.floats(0.0, 1.0, allow_nan=False, width=64)),
+    # Few distinct values: a rank's bracket is all ties.
+    hnp.arrays(np.float64, st.integers(1, 3000), elements=st.sampled_from([0.004, 0.008, 0.0081, 0.5])),
+    # Sorted either way: a strided sample of a trend.
+    hnp.arrays(np.float64, st.integers(1, 3000), elements=st.floats(0.0, 10.0, width=64)).map(np.sort),
+    hnp.arrays(np.float64, st.integers(1, 3000), elements=st.floats(0.0, 10.0, width=64))
+    .map(lambda a: np.sort(a)[::-1].copy()),
+    # Any float at all: infinities, NaN, negative zero, huge and tiny.
+    hnp.arrays(np.float64, st.integers(1, 600), elements=st.floats(width=64)),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=values_strategy, scale=st.sampled_from([1000.0, 1.0, 0.1]))
+def test_chunked_is_the_whole_arrays_statistics_bit_for_bit(small_chunks, values, scale):
+    assert same(scaled_latency_stats("itl", values, scale), whole(values, scale))
+
+
+def test_a_sample_that_misleads_falls_back_to_a_copy_with_the_same_result(small_chunks, monkeypatch):
+    # The values the sample sees spread over [0, 1], every other one is 2.0: the
+    # median's bracket lies below 1 and misses its ranks, which the full copy selects.
+    calls = []
+    by_copy = chunked_stats._ranks_by_copy
+    monkeypatch.setattr(chunked_stats, "_ranks_by_copy", lambda *a: calls.append(1) or by_copy(*a))
+    monkeypatch.setattr(chunked_stats, "_SAMPLE", 640)
+    values = np.full(30_000, 2.0)
+    seen = values[::30_000 // 640]
+    seen[:] = np.linspace(0.0, 1.0, len(seen))
+    assert same(scaled_latency_stats("itl", values, 1000.0), whole(values, 1000.0))
+    assert calls == [1]
+
+
+def test_the_brackets_hold_the_ranks_of_ordinary_gaps(small_chunks, monkeypatch):
+    monkeypatch.setattr(chunked_stats, "_ranks_by_copy", lambda *a: pytest.fail("fell back"))
+    rng = np.random.default_rng(7)
+    values = rng.gamma(2.0, 0.005, 20_000)
+    assert same(scaled_latency_stats("itl", values, 1000.0), whole(values, 1000.0))
+
+
+def test_tree_sum_is_numpys_pairwise_sum(small_chunks):
+    rng = np.random.default_rng(3)
+    for n in (1, 7, 8, 129, 200, 201, 1000, 4099, 12_345):
+        x = rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, n)
+        got = chunked_stats.tree_sum(n, lambda lo, m: np.add.reduce(x[lo:lo + m]))
+        assert got == np.add.reduce(x), n
+
+
+def test_at_full_size_with_the_real_chunks():
+    # 5 M values: the tree above the real 1 M-value chunks, against numpy on the whole array.
+    rng = np.random.default_rng(11)
+    values = rng.gamma(2.0, 0.005, chunked_stats.MIN_VALUES + 1_000_003)
+    values[rng.integers(0, len(values), len(values) // 10)] = 0.0081
+    assert same(scaled_latency_stats("itl", values, 1000.0), whole(values, 1000.0))
+
+
+def test_summarize_takes_the_chunked_path_for_many_gaps_and_the_same_summary(monkeypatch):
+    requests = {"arrival_time_s": np.array([0.0, 1.0]), "first_token_time_s": np.array([0.5, 1.2]),
+                "finish_time_s": np.array([2.0, 3.0]), "num_output_tokens": np.array([4, 5]),
+                "num_prompt_tokens": np.array([10, 20]), "num_preemptions": np.array([0, 0]),
+                "num_cached_tokens": np.array([0, 0]), "scheduled_time_s": np.array([0.1, 1.1]),
+                "status": np.array(["completed", "completed"], dtype=object)}
+    steps = {"kv_cache_usage": np.array([0.5]), "duration_s": np.array([1.0]),
+             "num_running": np.array([2]), "num_scheduled_reqs": np.array([2])}
+    itl = np.random.default_rng(5).gamma(2.0, 0.005, 5000)
+    before = summarize(requests, steps, itl, num_gpu_blocks=10)
+    calls = []
+    real = chunked_stats.scaled_mean_std_ranks
+    monkeypatch.setattr(chunked_stats, "scaled_mean_std_ranks", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(chunked_stats, "MIN_VALUES", 1000)
+    monkeypatch.setattr(chunked_stats, "CHUNK", 300)
+    after = summarize(requests, steps, itl, num_gpu_blocks=10)
+    assert calls == [1]
+    assert same(after, before)
