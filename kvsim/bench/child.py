@@ -68,13 +68,19 @@ def run_child(argv: list[str]) -> int:
     sc = load_scenario(scenario, overrides=overrides)
     check_output_dir(out_dir, files=RUN_FILES + VLLM_FILES)
     stamp("load scenario")
+    from kvsim.scenario.result import steps_csv_ahead
+    ahead = steps_csv_ahead(sc)                     # as `kvsim run --out` (kvsim/scenario/cli.py)
     c0 = _cpu_s()
-    result = simulate(sc, fast_path=path == "fast")
+    result = simulate(sc, fast_path=path == "fast", watch_steps=ahead.watch if ahead else None)
     sim_cpu_s = _cpu_s() - c0
     stamp("simulate()")
-    for name, write in file_writers(result, Path(out_dir)):
-        write()
-        stamp(f"write {name}")
+    try:
+        for name, write in file_writers(result, Path(out_dir), steps_ahead=ahead):
+            write()
+            stamp(f"write {name}")
+    finally:
+        if ahead is not None:
+            ahead.close()
     with open(os.devnull, "w") as quiet:           # what `kvsim run` prints, to nowhere
         print(format_summary(result.summary), file=quiet)
     stamp("format the summary")
@@ -89,12 +95,13 @@ def run_child(argv: list[str]) -> int:
     return 0
 
 
-def file_writers(result, out: Path) -> list[tuple[str, object]]:
+def file_writers(result, out: Path, steps_ahead=None) -> list[tuple[str, object]]:
     """One callable per file ``kvsim run --out`` writes, in its order, each atomic.
 
     The same functions as ``Result.write`` (summary.json, requests.csv,
-    steps.csv) and ``write_vllm_outputs`` (metrics.csv, bench_serve.json; not
-    with streaming metrics, which keep no tables), one file per call.
+    steps.csv, with the rows made text during the run: ``steps_ahead``) and
+    ``write_vllm_outputs`` (metrics.csv, bench_serve.json; not with streaming
+    metrics, which keep no tables), one file per call.
     """
     from kvsim.metrics.tables import write_csv
     from kvsim.scenario.outputs import summary_json, write_files
@@ -107,7 +114,7 @@ def file_writers(result, out: Path) -> list[tuple[str, object]]:
         ("summary.json", one(out / "summary.json",
                              lambda p: p.write_text(summary_json(summary), encoding="utf-8"))),
         ("requests.csv", one(out / "requests.csv", lambda p: write_csv(result.requests, p))),
-        ("steps.csv", one(out / "steps.csv", lambda p: write_csv(result.steps, p))),
+        ("steps.csv", one(out / "steps.csv", lambda p: write_csv(result.steps, p, ahead=steps_ahead))),
     ]
     sc = result.scenario
     if sc is not None and not sc.scenario.metrics.streaming:

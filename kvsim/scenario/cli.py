@@ -81,6 +81,7 @@ def _run(args: argparse.Namespace) -> int:
     from kvsim.scenario.outputs import atomic_open, check_output_dir, check_output_file, summary_json
     from kvsim.scenario.run_progress import terminal_progress
     from kvsim.scenario.schema import parse_overrides
+    from kvsim.scenario.result import steps_csv_ahead
     from kvsim.scenario.simulate import RUN_FILES, simulate
     from kvsim.sched.errors import EngineError
     from kvsim.vllm_outputs import VLLM_FILES, write_vllm_outputs
@@ -102,15 +103,20 @@ def _run(args: argparse.Namespace) -> int:
     for note in _notes(sc, args.scenario):
         print(f"kvsim run: note: {note}", file=sys.stderr)
     progress = None if args.json else terminal_progress()
+    # steps.csv's rows made text by forked children while the simulation runs.
+    ahead = steps_csv_ahead(sc) if args.out else None
     try:
         with contextlib.ExitStack() as stack:
+            if ahead is not None:
+                stack.callback(ahead.close)
             write = None
             if args.trace:
                 trace_file = stack.enter_context(atomic_open(args.trace, option="--trace"))
 
                 def write(rec: dict) -> None:
                     trace_file.write(json.dumps(rec, separators=(",", ":")) + "\n")
-            result = simulate(sc, trace=write, progress=progress)
+            result = simulate(sc, trace=write, progress=progress,
+                              watch_steps=ahead.watch if ahead is not None else None)
             if progress is not None:
                 progress.close()
             wall = time.perf_counter() - t0
@@ -118,7 +124,10 @@ def _run(args: argparse.Namespace) -> int:
             # discarded too, and every old file stays as it was.
             written = []
             if args.out:
-                result.write(args.out)
+                if ahead is not None:
+                    result.write(args.out, steps_ahead=ahead)
+                else:
+                    result.write(args.out)            # (a fleet's FleetResult too)
                 extra, out_notes = write_vllm_outputs(result, args.out, detailed=args.save_detailed,
                                                       interval_s=args.scrape_interval)
                 written = [*RUN_FILES, *extra]

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from kvsim.metrics.schema import REQUEST_COLUMNS, STEP_COLUMNS
-from kvsim.metrics.tables import write_csv
+from kvsim.metrics.tables import RowsAhead, write_csv
 from kvsim.scenario.loader import LoadedScenario
 from kvsim.scenario.outputs import check_output_dir, summary_json, write_files
 from kvsim.sched.request import Request, RequestStatus
@@ -42,14 +42,15 @@ class Result:
     scenario: LoadedScenario | None = field(default=None, repr=False)
     stats: EngineStats | None = field(default=None, repr=False)
 
-    def write(self, out_dir: str | Path) -> Path:
-        """Write summary.json (strict JSON), requests.csv, steps.csv atomically (scenario/outputs.py)."""
+    def write(self, out_dir: str | Path, *, steps_ahead=None) -> Path:
+        """Write summary.json (strict JSON), requests.csv, steps.csv atomically (scenario/outputs.py).
+        ``steps_ahead``: steps.csv's rows made text during the run (``kvsim.metrics.tables.RowsAhead``)."""
         out = check_output_dir(out_dir, files=RUN_FILES)
         summary = summary_json(self.summary)
         # The same bytes as DataFrame.to_csv(index=False), several times faster.
         write_files({out / "summary.json": lambda path: path.write_text(summary, encoding="utf-8"),
                      out / "requests.csv": lambda path: write_csv(self.requests, path),
-                     out / "steps.csv": lambda path: write_csv(self.steps, path)})
+                     out / "steps.csv": lambda path: write_csv(self.steps, path, ahead=steps_ahead)})
         return out
 
 
@@ -93,6 +94,16 @@ def _column(values) -> np.ndarray | list:
 
 def steps_frame(engine: Engine) -> pd.DataFrame:
     return pd.DataFrame(engine.steps.columns, columns=STEP_COLUMNS)
+
+
+def steps_csv_ahead(sc: LoadedScenario) -> RowsAhead | None:
+    """For ``kvsim run --out``: steps.csv's rows made text while the run goes
+    (``simulate(sc, watch_steps=ahead.watch)``, then ``Result.write(out,
+    steps_ahead=ahead)``; ``close()`` it in any case), or None where there is
+    no such table to watch (a fleet, streaming metrics)."""
+    if sc.scenario.cluster is not None or sc.scenario.metrics.streaming:
+        return None
+    return RowsAhead(STEP_COLUMNS)
 
 
 def itl_seconds(done: list[Request]) -> np.ndarray:

@@ -21,7 +21,7 @@ __all__ = ["RUN_FILES", "Result", "StreamingSink", "collect_result", "itl_second
 
 
 def simulate(scenario, *, trace=None, overrides=None, fast_path: bool = True,
-             streaming: bool | None = None, progress=None) -> Result:
+             streaming: bool | None = None, progress=None, watch_steps=None) -> Result:
     """Run one scenario (a ``LoadedScenario``, a mapping, or a YAML path).
 
     ``trace``, if given, is called with one dict per engine step (the
@@ -33,6 +33,11 @@ def simulate(scenario, *, trace=None, overrides=None, fast_path: bool = True,
     accumulated in bounded memory (percentiles within 0.5%), for very long runs.
     ``progress``, if given, is called as ``progress(sim_time_s, count, total)``
     while the run goes (``kvsim.scenario.run_progress``; wall-clock reporting only).
+    ``watch_steps``, if given, is called with the engine's step log
+    (``kvsim.sim.steplog.StepLog``) as it grows, and returns the number of steps
+    at which to be called next; it must change nothing (``kvsim run`` makes
+    steps.csv's rows text meanwhile: ``kvsim.metrics.tables.RowsAhead``). Not
+    called for a fleet, nor with streaming metrics (no step log is kept).
     """
     sc = scenario if isinstance(scenario, LoadedScenario) else load_scenario(scenario, overrides=overrides)
     if sc.scenario.cluster is not None:      # replicas behind a router: docs/fleet.md
@@ -43,11 +48,11 @@ def simulate(scenario, *, trace=None, overrides=None, fast_path: bool = True,
     # (freed by reference counting: Engine.close), so it never traces the run's objects.
     with collector_paused():
         return _simulate_engine(sc, trace=trace, fast_path=fast_path, streaming=streaming,
-                                progress=progress)
+                                progress=progress, watch_steps=watch_steps)
 
 
 def _simulate_engine(sc: LoadedScenario, *, trace, fast_path: bool, streaming: bool | None,
-                     progress) -> Result:
+                     progress, watch_steps=None) -> Result:
     rng = np.random.default_rng(sc.seed)
     # A prompt of max_model_len tokens or more is refused on arrival: not spelled out.
     workload = build_workload(sc.workload, rng=rng, base_dir=sc.base_dir,
@@ -67,7 +72,7 @@ def _simulate_engine(sc: LoadedScenario, *, trace, fast_path: bool, streaming: b
     engine = run_engine(workload.requests(), sc.sched_config, scheduler=sc.scheduler,
                         cost_model=sc.cost_model, trace=trace,
                         concurrency=workload.concurrency, fast_path=fast_path, sink=sink,
-                        progress=hook, connector=connector)
+                        progress=hook, connector=connector, watch_steps=watch_steps)
     if sink is not None:
         summary = sink.stats.summary(num_gpu_blocks=sc.sched_config.num_gpu_blocks)
         summary = {"scenario": sc.name, "scheduler": sc.scheduler, **summary}

@@ -86,7 +86,8 @@ class Engine(EngineRecords):
                  next_input_time: Callable[[], float] | None = None,
                  progress: Callable[[float, int], None] | None = None,
                  stream_interval: int = 1, async_scheduling: bool = False,
-                 queue_limits: QueueLimits | None = None) -> None:
+                 queue_limits: QueueLimits | None = None,
+                 watch_steps: Callable[[StepLog], float] | None = None) -> None:
         self.env = env if env is not None else simpy.Environment(initial_time=0.0)
         self.name = name
         self.scheduler = scheduler
@@ -104,6 +105,11 @@ class Engine(EngineRecords):
         # ``flush_every`` items and forget them, so memory stays bounded.
         self.sink = sink
         self.flush_every = flush_every
+        # ``watch_steps(steps)`` once the step log holds the number of steps it last
+        # returned (first at once): it reads them as they are, changing nothing
+        # (``kvsim run`` makes steps.csv's rows text meanwhile, kvsim.metrics.tables.RowsAhead).
+        self.watch_steps = watch_steps
+        self._watch_at = 0 if watch_steps is not None and sink is None else math.inf
         self.on_done = on_done
         self._more_input = more_input or (lambda: False)
         self._next_input_time = next_input_time or self.env.peek
@@ -386,6 +392,8 @@ class Engine(EngineRecords):
         self._reported_finished = bool(finished)
         if self.sink is not None and len(self.steps) >= self.flush_every:
             self._flush_steps()
+        elif len(self.steps) >= self._watch_at:
+            self._watch_at = self.watch_steps(self.steps)
 
     def _stuck(self, plan) -> bool:
         """An empty step after which nothing can change: nothing runs and the waiting head

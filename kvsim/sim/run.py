@@ -109,8 +109,10 @@ def run_engine(specs: Iterable[RequestSpec], config: SchedulerConfig, *,
                trace: Callable[[dict], None] | None = None,
                concurrency: int | None = None, fast_path: bool = True, sink=None,
                flush_every: int = 20_000,
-               progress: Callable[[float, int], None] | None = None, connector=None) -> Engine:
-    """Simulate ``specs`` on one engine; returns the engine with its records."""
+               progress: Callable[[float, int], None] | None = None, connector=None,
+               watch_steps=None) -> Engine:
+    """Simulate ``specs`` on one engine; returns the engine with its records.
+    ``watch_steps``: ``Engine``'s, which reads the step log as it grows."""
     env = simpy.Environment(initial_time=0.0)
     engine: Engine | None = None
     frontend = Frontend(env, specs, lambda spec, at, index: engine.submit(spec, at, index),
@@ -118,7 +120,8 @@ def run_engine(specs: Iterable[RequestSpec], config: SchedulerConfig, *,
     engine = make_engine(config, scheduler=scheduler, cost_model=cost_model, env=env, trace=trace,
                          fast_path=fast_path, sink=sink, flush_every=flush_every,
                          on_done=lambda req: frontend.on_done(req.request_id, req.finish_time),
-                         more_input=frontend.has_more_input, progress=progress, connector=connector)
+                         more_input=frontend.has_more_input, progress=progress, connector=connector,
+                         watch_steps=watch_steps)
     frontend.start()
     engine.start()
     with collector_paused():

@@ -1,0 +1,123 @@
+"""steps.csv's rows made text during the run by forked children (kvsim.metrics.tables.RowsAhead):
+the same bytes as the file made after it, whatever the children do."""
+
+import multiprocessing
+import os
+import signal
+
+import pytest
+
+from kvsim.metrics import tables
+from kvsim.scenario.loader import load_scenario
+from kvsim.scenario.result import steps_csv_ahead
+from kvsim.scenario.simulate import simulate
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or multiprocessing.get_start_method() != "fork",
+                                reason="the rows are made ahead only where the process forks")
+
+BASE = {
+    "name": "ahead", "seed": 3, "model": "llama-3.2-1b", "hardware": {"gpu": "h100-sxm"},
+    "engine": {"scheduler": "chunked", "block_size": 16, "num_gpu_blocks_override": 400,
+               "max_num_batched_tokens": 256},
+    "cost_model": {"type": "roofline"},
+    "workload": {"num_requests": 60, "arrival": {"type": "poisson", "rate": 20.0},
+                 "prompt_len": {"type": "uniform", "low": 10, "high": 600},
+                 "output_len": {"type": "uniform", "low": 5, "high": 120}},
+}
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch, request):
+    """The test runner may keep a thread of its own (pytest-xdist's): the children
+    format rows and leave, which is safe with it; RowsAhead counts threads for the
+    caller's, which this patch stands in for (but where a test sets another)."""
+    if "unsafe" not in request.node.name:
+        monkeypatch.setattr(tables.threading, "active_count", lambda: 1)
+
+
+def scenario(**engine):
+    return load_scenario({**BASE, "engine": {**BASE["engine"], **engine}})
+
+
+def files(result, out, ahead=None):
+    result.write(out, steps_ahead=ahead)
+    return (out / "steps.csv").read_bytes()
+
+
+@pytest.mark.parametrize("engine", [{}, {"async_scheduling": True}, {"num_gpu_blocks_override": 60},
+                                    {"scheduler": "continuous", "max_num_batched_tokens": 2048, "max_model_len": 2048}])
+def test_rows_made_during_the_run_are_the_file_made_after_it(tmp_path, engine):
+    sc = scenario(**engine)
+    plain = simulate(sc)
+    ahead = tables.RowsAhead(steps_csv_ahead(sc).names, rows=37)   # parts cut across runs
+    watched = simulate(sc, watch_steps=ahead.watch)
+    try:
+        assert len(ahead.parts) >= 3 and ahead.covered == 37 * len(ahead.parts)
+        assert files(watched, tmp_path / "ahead", ahead) == files(plain, tmp_path / "plain")
+    finally:
+        ahead.close()
+    assert watched.summary == plain.summary             # watching changes nothing
+
+
+def test_a_child_that_dies_costs_only_time(tmp_path):
+    sc = scenario()
+    plain = simulate(sc)
+    ahead = tables.RowsAhead(steps_csv_ahead(sc).names, rows=50)
+    watched = simulate(sc, watch_steps=ahead.watch)
+    os.kill(ahead.parts[1][0], signal.SIGKILL)           # (it may have finished: then it is fine too)
+    ahead.parts[1] = (ahead.parts[1][0], tmp_path / "no-such-part", *ahead.parts[1][2:])
+    assert files(watched, tmp_path / "ahead", ahead) == files(plain, tmp_path / "plain")
+
+
+def test_close_ends_the_children_and_removes_the_parts(tmp_path):
+    sc = scenario()
+    ahead = tables.RowsAhead(steps_csv_ahead(sc).names, rows=40)
+    simulate(sc, watch_steps=ahead.watch)
+    pids, folder = [p[0] for p in ahead.parts], ahead._dir
+    assert pids and folder.is_dir()
+    ahead.close()
+    assert not folder.exists() and ahead.parts == []
+    for pid in pids:
+        with pytest.raises(ChildProcessError):           # reaped: no zombie left
+            os.waitpid(pid, os.WNOHANG)
+
+
+def test_another_table_ignores_the_parts(tmp_path):
+    sc = scenario()
+    ahead = tables.RowsAhead(["step", "start_time_s"], rows=40)
+    result = simulate(sc, watch_steps=ahead.watch)
+    assert ahead.parts
+    plain = tmp_path / "plain.csv"
+    tables.write_csv(result.steps, plain)
+    tables.write_csv(result.steps, tmp_path / "ahead.csv", ahead=ahead)   # other columns: made whole
+    assert (tmp_path / "ahead.csv").read_bytes() == plain.read_bytes()
+    assert ahead.parts == [] and ahead._dir is None
+
+
+def test_no_child_where_forking_is_unsafe(monkeypatch):
+    monkeypatch.setattr(tables.threading, "active_count", lambda: 2)     # another thread runs
+    sc = scenario()
+    ahead = tables.RowsAhead(steps_csv_ahead(sc).names, rows=40)
+    simulate(sc, watch_steps=ahead.watch)
+    assert ahead.parts == []
+
+
+def test_a_fleet_or_streaming_run_has_no_rows_ahead():
+    assert steps_csv_ahead(load_scenario({**BASE, "metrics": {"streaming": True}})) is None
+    assert steps_csv_ahead(load_scenario({**BASE, "cluster": {"replicas": 2}})) is None
+
+
+def test_kvsim_run_makes_them_ahead_and_writes_the_same_files(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from kvsim.cli import main
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(BASE))
+    forks = []
+    fork = tables.RowsAhead._fork
+    monkeypatch.setattr(tables.RowsAhead, "_fork", lambda self, *a: forks.append(1) or fork(self, *a))
+    monkeypatch.setattr(tables, "ROWS_AHEAD", 45)
+    assert main(["run", str(path), "--out", str(tmp_path / "a"), "--json"]) == 0
+    assert forks
+    simulate(load_scenario(str(path))).write(tmp_path / "b")
+    assert (tmp_path / "a" / "steps.csv").read_bytes() == (tmp_path / "b" / "steps.csv").read_bytes()
