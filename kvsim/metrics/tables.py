@@ -139,6 +139,8 @@ class RowsAhead:
         if pid == 0:                                      # the child
             code = 1
             try:
+                with contextlib.suppress(OSError):
+                    os.nice(10)                           # a core shared with the run: the run first
                 columns = steps.columns
                 arrays = [np.asarray(columns[name])[lo:hi] for name in self.names]
                 with open(part, "w", encoding="utf-8", newline="") as g:
