@@ -35,6 +35,16 @@ def one_thread(monkeypatch, request):
         monkeypatch.setattr(tables.threading, "active_count", lambda: 1)
 
 
+@pytest.fixture
+def make_ahead(request):
+    """RowsAhead objects closed after the test, whatever happens in it."""
+    def make(names, rows):
+        ahead = tables.RowsAhead(names, rows=rows)
+        request.addfinalizer(ahead.close)
+        return ahead
+    return make
+
+
 def scenario(**engine):
     return load_scenario({**BASE, "engine": {**BASE["engine"], **engine}})
 
@@ -46,32 +56,29 @@ def files(result, out, ahead=None):
 
 @pytest.mark.parametrize("engine", [{}, {"async_scheduling": True}, {"num_gpu_blocks_override": 60},
                                     {"scheduler": "continuous", "max_num_batched_tokens": 2048, "max_model_len": 2048}])
-def test_rows_made_during_the_run_are_the_file_made_after_it(tmp_path, engine):
+def test_rows_made_during_the_run_are_the_file_made_after_it(tmp_path, make_ahead, engine):
     sc = scenario(**engine)
     plain = simulate(sc)
-    ahead = tables.RowsAhead(steps_csv_ahead(sc).names, rows=37)   # parts cut across runs
+    ahead = make_ahead(steps_csv_ahead(sc).names, 37)   # parts cut across runs
     watched = simulate(sc, watch_steps=ahead.watch)
-    try:
-        assert len(ahead.parts) >= 3 and ahead.covered == 37 * len(ahead.parts)
-        assert files(watched, tmp_path / "ahead", ahead) == files(plain, tmp_path / "plain")
-    finally:
-        ahead.close()
+    assert len(ahead.parts) >= 3 and ahead.covered == 37 * len(ahead.parts)
+    assert files(watched, tmp_path / "ahead", ahead) == files(plain, tmp_path / "plain")
     assert watched.summary == plain.summary             # watching changes nothing
 
 
-def test_a_child_that_dies_costs_only_time(tmp_path):
+def test_a_child_that_dies_costs_only_time(tmp_path, make_ahead):
     sc = scenario()
     plain = simulate(sc)
-    ahead = tables.RowsAhead(steps_csv_ahead(sc).names, rows=50)
+    ahead = make_ahead(steps_csv_ahead(sc).names, 50)
     watched = simulate(sc, watch_steps=ahead.watch)
     os.kill(ahead.parts[1][0], signal.SIGKILL)           # (it may have finished: then it is fine too)
     ahead.parts[1] = (ahead.parts[1][0], tmp_path / "no-such-part", *ahead.parts[1][2:])
     assert files(watched, tmp_path / "ahead", ahead) == files(plain, tmp_path / "plain")
 
 
-def test_close_ends_the_children_and_removes_the_parts(tmp_path):
+def test_close_ends_the_children_and_removes_the_parts(tmp_path, make_ahead):
     sc = scenario()
-    ahead = tables.RowsAhead(steps_csv_ahead(sc).names, rows=40)
+    ahead = make_ahead(steps_csv_ahead(sc).names, 40)
     simulate(sc, watch_steps=ahead.watch)
     pids, folder = [p[0] for p in ahead.parts], ahead._dir
     assert pids and folder.is_dir()
@@ -82,9 +89,9 @@ def test_close_ends_the_children_and_removes_the_parts(tmp_path):
             os.waitpid(pid, os.WNOHANG)
 
 
-def test_another_table_ignores_the_parts(tmp_path):
+def test_another_table_ignores_the_parts(tmp_path, make_ahead):
     sc = scenario()
-    ahead = tables.RowsAhead(["step", "start_time_s"], rows=40)
+    ahead = make_ahead(["step", "start_time_s"], 40)
     result = simulate(sc, watch_steps=ahead.watch)
     assert ahead.parts
     plain = tmp_path / "plain.csv"
@@ -94,10 +101,10 @@ def test_another_table_ignores_the_parts(tmp_path):
     assert ahead.parts == [] and ahead._dir is None
 
 
-def test_no_child_where_forking_is_unsafe(monkeypatch):
+def test_no_child_where_forking_is_unsafe(monkeypatch, make_ahead):
     monkeypatch.setattr(tables.threading, "active_count", lambda: 2)     # another thread runs
     sc = scenario()
-    ahead = tables.RowsAhead(steps_csv_ahead(sc).names, rows=40)
+    ahead = make_ahead(steps_csv_ahead(sc).names, 40)
     simulate(sc, watch_steps=ahead.watch)
     assert ahead.parts == []
 
