@@ -128,3 +128,41 @@ def test_kvsim_run_makes_them_ahead_and_writes_the_same_files(tmp_path, monkeypa
     assert forks
     simulate(load_scenario(str(path))).write(tmp_path / "b")
     assert (tmp_path / "a" / "steps.csv").read_bytes() == (tmp_path / "b" / "steps.csv").read_bytes()
+
+
+def _engine_log(sc):
+    """The step log of one simulated engine (simulate keeps only its tables)."""
+    import numpy as np
+
+    from kvsim.sim.run import run_engine
+    from kvsim.workload import build_workload
+    workload = build_workload(sc.workload, rng=np.random.default_rng(sc.seed), base_dir=sc.base_dir,
+                              max_prompt_len=sc.sched_config.max_model_len - 1)
+    return run_engine(workload.requests(), sc.sched_config, scheduler=sc.scheduler,
+                      cost_model=sc.cost_model).steps
+
+
+LOGS = {}
+
+
+@pytest.mark.parametrize("engine", [{}, {"max_num_batched_tokens": 64}, {"async_scheduling": True}])
+def test_a_range_of_the_log_is_those_rows_of_the_whole(engine):
+    # A child makes only its rows (StepLog.columns_between): the same as the whole
+    # table's rows there, for ranges that start and end inside runs, chunk runs
+    # (a budget of 64 chunks the prompts), or past the end.
+    import numpy as np
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+    key = tuple(sorted(engine.items()))
+    log = LOGS.setdefault(key, _engine_log(scenario(**engine)))
+    whole, n = log.columns, len(log)
+    assert log._runs and log._rows["step"]            # both kinds of record
+
+    @settings(max_examples=150, deadline=None)
+    @given(lo=st.integers(0, n + 3), size=st.integers(0, 400))
+    def check(lo, size):
+        part = log.columns_between(lo, lo + size)
+        for name, values in whole.items():
+            assert np.array_equal(part[name], values[lo:lo + size]), (name, lo, size)
+
+    check()

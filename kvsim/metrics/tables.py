@@ -119,7 +119,8 @@ class RowsAhead:
 
     def watch(self, steps) -> float:
         """``Engine.watch_steps``: a child for each ``rows`` new rows of ``steps``
-        (a ``StepLog``); the step count at which to be called next."""
+        (a ``StepLog``: the child makes only its rows, ``columns_between``); the
+        step count at which to be called next."""
         while self._forks and len(steps) - self.covered >= self.rows:
             if threading.active_count() > 1:
                 self._forks = False                       # (a thread started since: no fork now)
@@ -141,8 +142,8 @@ class RowsAhead:
             try:
                 with contextlib.suppress(OSError):
                     os.nice(10)                           # a core shared with the run: the run first
-                columns = steps.columns
-                arrays = [np.asarray(columns[name])[lo:hi] for name in self.names]
+                columns = steps.columns_between(lo, hi)
+                arrays = [np.asarray(columns[name]) for name in self.names]
                 with open(part, "w", encoding="utf-8", newline="") as g:
                     _write_rows(g, arrays, 0, hi - lo)
                 code = 0
