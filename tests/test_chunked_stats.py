@@ -48,7 +48,8 @@ values_strategy = st.one_of(
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(values=values_strategy, scale=st.sampled_from([1000.0, 1.0, 0.1]))
 def test_chunked_is_the_whole_arrays_statistics_bit_for_bit(small_chunks, values, scale):
-    assert same(scaled_latency_stats("itl", values, scale), whole(values, scale))
+    with np.errstate(all="ignore"):         # (infinities overflow both ways alike)
+        assert same(scaled_latency_stats("itl", values, scale), whole(values, scale))
 
 
 def test_a_sample_that_misleads_falls_back_to_a_copy_with_the_same_result(small_chunks, monkeypatch):
