@@ -166,3 +166,17 @@ def test_a_range_of_the_log_is_those_rows_of_the_whole(engine):
             assert np.array_equal(part[name], values[lo:lo + size]), (name, lo, size)
 
     check()
+
+
+def test_no_folder_for_the_parts_makes_them_all_at_the_end(tmp_path, monkeypatch, make_ahead):
+    # (a temporary folder that cannot be made: the run goes on, the file is the same)
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tables.tempfile, "mkdtemp", refuse)
+    sc = scenario()
+    plain = simulate(sc)
+    ahead = make_ahead(steps_csv_ahead(sc).names, 40)
+    watched = simulate(sc, watch_steps=ahead.watch)
+    assert ahead.parts == []
+    assert files(watched, tmp_path / "ahead", ahead) == files(plain, tmp_path / "plain")

@@ -24,7 +24,7 @@ one scratch of ``CHUNK`` values, and every figure is numpy's, bit for bit
 
 The mean and the standard deviation are numpy's ``mean`` and ``std`` of the
 scaled array (the operations of ``summary.std_overwriting``); the order
-statistics feed ``summary``'s own interpolation (``quantiles_from_ranks``).
+statistics feed ``summary``'s own interpolation (``QuantileRanks.quantiles``).
 """
 
 from __future__ import annotations

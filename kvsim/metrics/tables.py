@@ -129,13 +129,13 @@ class RowsAhead:
         return self.covered + self.rows if self._forks else math.inf
 
     def _fork(self, steps, lo: int, hi: int) -> None:
-        if self._dir is None:
-            self._dir = Path(tempfile.mkdtemp(prefix="kvsim-rows-"))
-        part = self._dir / f"part{len(self.parts)}"
         try:
+            if self._dir is None:
+                self._dir = Path(tempfile.mkdtemp(prefix="kvsim-rows-"))
+            part = self._dir / f"part{len(self.parts)}"
             pid = os.fork()
         except OSError:
-            self._forks = False                           # no process to be had: all made at the end
+            self._forks = False           # no folder or no process to be had: all made at the end
             return
         if pid == 0:                                      # the child
             code = 1
