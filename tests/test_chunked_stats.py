@@ -26,7 +26,9 @@ def same(a: dict, b: dict) -> bool:
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """Chunks of a few hundred values and a small sample: every branch at test sizes."""
+    """Chunks of a few hundred values and a small sample, for any number of values:
+    every branch at test sizes."""
+    monkeypatch.setattr(chunked_stats, "MIN_VALUES", 0)
     monkeypatch.setattr(chunked_stats, "CHUNK", 200)
     monkeypatch.setattr(chunked_stats, "_SAMPLE", 64)
 

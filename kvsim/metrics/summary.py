@@ -82,18 +82,11 @@ def summarize(requests, steps, itl_s, *, num_gpu_blocks: int, slo: dict | None =
     itl_s = np.asarray(itl_s, dtype=float)
 
     latency = {}
-    for metric, values_ms, remake in (
-        ("ttft", lambda: lat["ttft_s"] * 1000.0, None),
-        ("tpot", lambda: lat["tpot_s"][lat["num_output_tokens"] > 1] * 1000.0, None),
-        # The gaps, in one temporary made twice; tens of millions (a fleet's) a chunk at a
-        # time instead (kvsim/metrics/chunked_stats.py).
-        ("itl", lambda: itl_s * 1000.0, lambda out: np.multiply(itl_s, 1000.0, out=out)),
-        ("e2el", lambda: lat["e2el_s"] * 1000.0, None),
-    ):
-        if metric == "itl" and len(itl_s) >= chunked_stats.MIN_VALUES:
-            latency.update(scaled_latency_stats(metric, itl_s, 1000.0))
-        else:
-            latency.update(latency_stats(metric, values_ms(), reorder=True, remake=remake))  # each a temporary
+    for metric, values_s in (("ttft", lat["ttft_s"]),
+                             ("tpot", lat["tpot_s"][lat["num_output_tokens"] > 1]),
+                             ("itl", itl_s),
+                             ("e2el", lat["e2el_s"])):
+        latency.update(scaled_latency_stats(metric, values_s, 1000.0))
 
     arrival = _column(requests, "arrival_time_s")
     finish = _column(requests, "finish_time_s")
@@ -248,11 +241,17 @@ def latency_stats(metric: str, values_ms: np.ndarray, *, reorder: bool = False,
 
 
 def scaled_latency_stats(metric: str, values: np.ndarray, scale: float) -> dict[str, float]:
-    """``latency_stats(metric, values * scale)``, the same floats, without the scaled
-    array: it is made a chunk at a time (kvsim/metrics/chunked_stats.py). ``values``:
-    a 1-d float array."""
+    """``latency_stats(metric, values * scale)`` (``values``: a 1-d float array, in
+    seconds for a scale of 1000). The scaled values are one temporary, made
+    twice (the standard deviation's deviations overwrite it); from
+    ``chunked_stats.MIN_VALUES`` values on (a fleet's gaps, tens of millions)
+    they are made a chunk at a time instead (kvsim/metrics/chunked_stats.py),
+    the same floats."""
     values = np.ascontiguousarray(values, dtype=float)
-    if len(values) == 0:
+    if len(values) < chunked_stats.MIN_VALUES:
+        return latency_stats(metric, values * scale, reorder=True,
+                             remake=lambda out: np.multiply(values, scale, out=out))
+    if len(values) == 0:                             # (MIN_VALUES patched to 0 by a test)
         return {f"{stat}_{metric}_ms": NAN for stat in STATISTICS}
     plan = QuantileRanks(len(values))
     mean, std, found = chunked_stats.scaled_mean_std_ranks(values, scale, plan.ranks)
