@@ -124,10 +124,7 @@ def _run(args: argparse.Namespace) -> int:
             # discarded too, and every old file stays as it was.
             written = []
             if args.out:
-                if ahead is not None:
-                    result.write(args.out, steps_ahead=ahead)
-                else:
-                    result.write(args.out)            # (a fleet's FleetResult too)
+                result.write(args.out, steps_ahead=ahead)
                 extra, out_notes = write_vllm_outputs(result, args.out, detailed=args.save_detailed,
                                                       interval_s=args.scrape_interval)
                 written = [*RUN_FILES, *extra]

@@ -103,7 +103,11 @@ class FleetResult(Result):
     run: FleetRun | None = field(default=None, repr=False)
     replica_itls: list = field(default_factory=list, repr=False)     # each replica's itl_s
 
-    def write(self, out_dir) -> Path:
+    def write(self, out_dir, *, steps_ahead=None) -> Path:
+        """``Result.write`` for a fleet. ``steps_ahead`` is never one here: a fleet's
+        steps.csv is made from its replicas' tables (``steps_csv_ahead`` gives None)."""
+        if steps_ahead is not None:
+            raise ValueError("FleetResult.write: a fleet's steps.csv has no rows made ahead")
         from kvsim.scenario.cluster_outputs import write_fleet_run
         return write_fleet_run(self, out_dir)
 
