@@ -21,21 +21,33 @@ from pathlib import Path
 from kvsim.metrics.bench_json import bench_serve_result
 from kvsim.metrics.prometheus import prometheus_series
 from kvsim.metrics.tables import write_csv
-from kvsim.scenario.outputs import write_files
+from kvsim.scenario.outputs import FilesApart, write_files
 
 METRICS_FILE = "metrics.csv"
 BENCH_FILE = "bench_serve.json"
 VLLM_FILES = (METRICS_FILE, BENCH_FILE)
 
 
+def vllm_outputs_apart(result, out_dir: str | Path, *, detailed: bool = False,
+                       interval_s: float = 1.0) -> FilesApart:
+    """``write_vllm_outputs`` in a forked child while the caller writes the run's
+    own files (``kvsim run --out``); ``join()`` returns what it returns."""
+    out = Path(out_dir)
+    return FilesApart(lambda staged: write_vllm_outputs(result, out, detailed=detailed,
+                                                        interval_s=interval_s, staged=staged),
+                      targets=[out / name for name in VLLM_FILES])
+
+
 def write_vllm_outputs(result, out_dir: str | Path, *, detailed: bool = False,
-                       interval_s: float = 1.0) -> tuple[list[str], list[str]]:
-    """Write both files for a ``kvsim.Result``; returns (file names written, notes)."""
+                       interval_s: float = 1.0, staged: list | None = None) -> tuple[list[str], list[str]]:
+    """Write both files for a ``kvsim.Result``; returns (file names written, notes).
+
+    ``staged``: left under temporary names, as ``write_files`` does with it."""
     if getattr(result, "per_replica", None):     # a fleet: kvsim/scenario/cluster_outputs.py
         from kvsim.scenario.cluster_outputs import write_fleet_vllm_outputs
         notes = write_fleet_vllm_outputs(result, out_dir, setup=bench_setup(result.scenario, len(result.requests)),
                                          metrics_file=METRICS_FILE, bench_file=BENCH_FILE,
-                                         detailed=detailed, interval_s=interval_s)
+                                         detailed=detailed, interval_s=interval_s, staged=staged)
         return [METRICS_FILE, BENCH_FILE], notes
     out = Path(out_dir)
     sc = result.scenario
@@ -52,7 +64,8 @@ def write_vllm_outputs(result, out_dir: str | Path, *, detailed: bool = False,
     text = json.dumps(data) + "\n"
     # Staged under temporary names, then renamed (scenario/outputs.py).
     write_files({out / METRICS_FILE: lambda path: write_csv(series, path),
-                 out / BENCH_FILE: lambda path: path.write_text(text, encoding="utf-8")})
+                 out / BENCH_FILE: lambda path: path.write_text(text, encoding="utf-8")},
+                staged=staged)
     return [METRICS_FILE, BENCH_FILE], notes
 
 

@@ -223,8 +223,9 @@ def test_the_child_runner_records_what_simulate_reports_without_patching_it(tmp_
     # The phases, in order, on one increasing clock.
     names = [name for name, _ in rec["stamps"]]
     assert names == ["start", "imports", "load scenario", "simulate()", "write summary.json",
-                     "write requests.csv", "write steps.csv", "write metrics.csv",
-                     "write bench_serve.json", "format the summary"]
+                     "write requests.csv", "write steps.csv",
+                     "wait for metrics.csv and bench_serve.json", "format the summary"]
+    assert [name for name, _ in rec["apart_s"]] == ["metrics.csv", "bench_serve.json"]
     times = [t for _, t in rec["stamps"]]
     assert times == sorted(times)
 

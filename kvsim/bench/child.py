@@ -7,8 +7,11 @@ parent can break the whole process down: interpreter start (parent's stamp
 before the fork to the child's first line), imports, loading, simulate(),
 each file, the summary, and the exit. The files are written one at a time
 with the functions ``Result.write`` and ``write_vllm_outputs`` use, so each
-has its own time; ``tests/test_bench.py`` checks they are byte for byte the
-files ``kvsim run --out`` writes. How the run was simulated (steps, decode
+has its own time: summary.json, requests.csv and steps.csv here, while a
+forked child makes metrics.csv and bench_serve.json, as ``kvsim run`` does
+(``FilesApart``: the child times its files, the wait for it is a phase);
+``tests/test_bench.py`` checks they are byte for byte the files ``kvsim run
+--out`` writes. How the run was simulated (steps, decode
 runs, arrivals) comes from ``Result.stats``.
 """
 
@@ -74,11 +77,17 @@ def run_child(argv: list[str]) -> int:
     result = simulate(sc, fast_path=path == "fast", watch_steps=ahead.watch if ahead else None)
     sim_cpu_s = _cpu_s() - c0
     stamp("simulate()")
+    own, apart = file_writers(result, Path(out_dir), steps_ahead=ahead)
+    vllm_files = _files_apart(apart, Path(out_dir))
     try:
-        for name, write in file_writers(result, Path(out_dir), steps_ahead=ahead):
+        for name, write in own:
             write()
             stamp(f"write {name}")
+        apart_s = vllm_files.join()
+        if apart:
+            stamp(f"wait for {' and '.join(name for name, _, _ in apart)}")
     finally:
+        vllm_files.close()
         if ahead is not None:
             ahead.close()
     with open(os.devnull, "w") as quiet:           # what `kvsim run` prints, to nowhere
@@ -91,17 +100,36 @@ def run_child(argv: list[str]) -> int:
         "num_steps": stats.num_steps, "num_fast_steps": stats.num_run_steps,
         "num_runs": stats.num_runs, "num_arrived": stats.num_arrived,
         "streaming": sc.scenario.metrics.streaming,
-        "summary": s}, default=float))
+        "apart_s": apart_s, "summary": s}, default=float))
     return 0
 
 
-def file_writers(result, out: Path, steps_ahead=None) -> list[tuple[str, object]]:
-    """One callable per file ``kvsim run --out`` writes, in its order, each atomic.
+def _files_apart(apart: list, out: Path):
+    """The files ``kvsim run`` has a forked child make while it writes its own
+    (``vllm_outputs_apart``), each timed in that child: ``join()`` gives
+    [[name, seconds], ...]."""
+    from kvsim.scenario.outputs import FilesApart, write_files
 
-    The same functions as ``Result.write`` (summary.json, requests.csv,
-    steps.csv, with the rows made text during the run: ``steps_ahead``) and
-    ``write_vllm_outputs`` (metrics.csv, bench_serve.json; not with streaming
-    metrics, which keep no tables), one file per call.
+    def job(staged: list | None) -> list:
+        times = []
+        for name, target, write in apart:
+            t0 = now()
+            write_files({target: write}, staged=staged)
+            times.append([name, now() - t0])
+        return times
+
+    return FilesApart(job, targets=[target for _, target, _ in apart])
+
+
+def file_writers(result, out: Path, steps_ahead=None) -> tuple[list, list]:
+    """The files ``kvsim run --out`` writes, one at a time: (its own, the child's).
+
+    Its own: one callable per file, in its order, each atomic, the same
+    functions as ``Result.write`` (summary.json, requests.csv, steps.csv, with
+    the rows made text during the run: ``steps_ahead``). The child's:
+    (name, target, writer of a path) of what ``write_vllm_outputs`` writes
+    (metrics.csv, bench_serve.json; none with streaming metrics, which keep
+    no tables), for ``write_files``.
     """
     from kvsim.metrics.tables import write_csv
     from kvsim.scenario.outputs import summary_json, write_files
@@ -135,9 +163,9 @@ def file_writers(result, out: Path, steps_ahead=None) -> list[tuple[str, object]
                                          slo=sc.scenario.slo.as_dict() or None, detailed=False)
             p.write_text(json.dumps(data) + "\n", encoding="utf-8")
 
-        writers += [(METRICS_FILE, one(out / METRICS_FILE, metrics)),
-                    (BENCH_FILE, one(out / BENCH_FILE, bench))]
-    return writers
+        return writers, [(METRICS_FILE, out / METRICS_FILE, metrics),
+                         (BENCH_FILE, out / BENCH_FILE, bench)]
+    return writers, []
 
 
 def attribute_child(argv: list[str]) -> int:
@@ -152,6 +180,7 @@ def attribute_child(argv: list[str]) -> int:
     from kvsim.bench.attribution import attribute
     from kvsim.metrics.summary import format_summary
     from kvsim.scenario.loader import load_scenario
+    from kvsim.scenario.outputs import write_files
     from kvsim.scenario.simulate import simulate
 
     out, scenario, *rest = argv
@@ -163,8 +192,11 @@ def attribute_child(argv: list[str]) -> int:
         profiler.enable()
         sc = load_scenario(scenario, overrides=overrides)
         result = simulate(sc)
-        for _, write in file_writers(result, Path(tmp)):
+        own, apart = file_writers(result, Path(tmp))
+        for _, write in own:
             write()
+        for _, target, write in apart:            # in this process: the profiler sees them
+            write_files({target: write})
         format_summary(result.summary)
         profiler.disable()
         profiled_s = time.perf_counter() - t0

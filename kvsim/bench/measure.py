@@ -114,7 +114,7 @@ def measure_run(w: Workload, workdir: Path, *, path: str, requests: int | None, 
         "us_per_event": 1e6 * sim_s / events if events else None,
         "x_real_time": simulated / sim_s if simulated is not None and sim_s > 0 else None,
         "fast_step_share": 100.0 * rec["num_fast_steps"] / n_steps if n_steps else None,
-        "phases": phases, "summary": rec["summary"],
+        "phases": phases, "apart_s": rec.get("apart_s") or [], "summary": rec["summary"],
     }
 
 

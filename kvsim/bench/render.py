@@ -120,6 +120,12 @@ def phases_table(m: Measurement) -> list[str]:
              "| phase | wall time (s) | share |", "|---|---|---|"]
     lines += [f"| {name} | {t:.3f} | {100 * t / total:.1f}% |" for name, t in zip(names, medians)]
     lines += [f"| whole process | {total:.3f} | 100% |", ""]
+    apart = [dict(r["apart_s"]) for r in m.reps if r.get("apart_s")]
+    if apart:
+        # Made by a forked child while the files above were written (kvsim run's FilesApart).
+        made = ", ".join(f"{name} {statistics.median(a[name] for a in apart):.3f} s" for name in apart[0])
+        lines += [f"Made by a forked child meanwhile, in its own time (the wait above is what "
+                  f"was left of it): {made}.", ""]
     return lines
 
 

@@ -208,15 +208,22 @@ def _write_rows(f, arrays: list[np.ndarray], start: int, stop: int) -> None:
         f.write(_rows_text([a[lo:hi] for a in arrays]))
 
 
+def fork_is_safe() -> bool:
+    """Whether this process may fork a child that runs a part of its work: Linux
+    (``fork``, and the cores this process may use are known), no other thread
+    running (it could hold a lock the child would need), not a daemonic process
+    (a sweep's worker, which may not have children)."""
+    if not hasattr(os, "fork") or sys.platform != "linux":
+        return False
+    import multiprocessing
+    return threading.active_count() == 1 and not multiprocessing.current_process().daemon
+
+
 def _row_workers(num_rows: int) -> int:
     """Processes for ``num_rows`` rows: one per ``_MIN_ROWS_PER_WORKER``, at most
-    one per core this process may use; 1 where forking is not safe (no
-    ``fork``, other threads running, a daemonic process)."""
-    if num_rows < 2 * _MIN_ROWS_PER_WORKER or not hasattr(os, "fork") or sys.platform != "linux":
-        return 1
-    import multiprocessing
-    import threading
-    if threading.active_count() > 1 or multiprocessing.current_process().daemon:
+    one per core this process may use; 1 where forking is not safe
+    (``fork_is_safe``)."""
+    if num_rows < 2 * _MIN_ROWS_PER_WORKER or not fork_is_safe():
         return 1
     # The cores this process may use (Linux here; scenario/executor.py's
     # default_workers says the same a layer above, for every platform).

@@ -84,7 +84,7 @@ def _run(args: argparse.Namespace) -> int:
     from kvsim.scenario.result import steps_csv_ahead
     from kvsim.scenario.simulate import RUN_FILES, simulate
     from kvsim.sched.errors import EngineError
-    from kvsim.vllm_outputs import VLLM_FILES, write_vllm_outputs
+    from kvsim.vllm_outputs import VLLM_FILES, vllm_outputs_apart
 
     t0 = time.perf_counter()
     overrides = []
@@ -124,9 +124,13 @@ def _run(args: argparse.Namespace) -> int:
             # discarded too, and every old file stays as it was.
             written = []
             if args.out:
+                # metrics.csv and bench_serve.json are made by a forked child
+                # meanwhile, and renamed after the run's own files.
+                vllm_files = vllm_outputs_apart(result, args.out, detailed=args.save_detailed,
+                                                interval_s=args.scrape_interval)
+                stack.callback(vllm_files.close)
                 result.write(args.out, steps_ahead=ahead)
-                extra, out_notes = write_vllm_outputs(result, args.out, detailed=args.save_detailed,
-                                                      interval_s=args.scrape_interval)
+                extra, out_notes = vllm_files.join()
                 written = [*RUN_FILES, *extra]
                 for note in out_notes:
                     print(f"kvsim run: note: {note}", file=sys.stderr)

@@ -78,7 +78,8 @@ def fleet_prometheus(result, *, interval_s: float = 1.0) -> pd.DataFrame:
 
 
 def write_fleet_vllm_outputs(result, out_dir, *, setup: dict, metrics_file: str, bench_file: str,
-                             detailed: bool = False, interval_s: float = 1.0) -> list[str]:
+                             detailed: bool = False, interval_s: float = 1.0,
+                             staged: list | None = None) -> list[str]:
     """``metrics_file`` and ``bench_file`` of a fleet run (kvsim/vllm_outputs.py names them and
     gives ``setup``, the command-line keys of `vllm bench serve`); returns notes."""
     out = Path(out_dir)
@@ -98,7 +99,8 @@ def write_fleet_vllm_outputs(result, out_dir, *, setup: dict, metrics_file: str,
             data = _with_itls(data, itls)
     text = json.dumps(data) + "\n"
     write_files({out / metrics_file: lambda path: write_csv(series, path),
-                 out / bench_file: lambda path: path.write_text(text, encoding="utf-8")})
+                 out / bench_file: lambda path: path.write_text(text, encoding="utf-8")},
+                staged=staged)
     return notes
 
 

@@ -30,8 +30,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -96,28 +97,46 @@ def _probe(folder: Path, option: str, given) -> None:
 
 # --------------------------------------------------------------------------- writing
 
-def temporary_name(target: Path) -> Path:
-    """The name a file is written under before it is renamed to ``target``."""
-    return target.with_name(f".{target.name}.{os.getpid()}.tmp")
+def temporary_name(target: Path, pid: int | None = None) -> Path:
+    """The name a file is written under before it is renamed to ``target``
+    (by this process, or by the process ``pid``)."""
+    return target.with_name(f".{target.name}.{os.getpid() if pid is None else pid}.tmp")
 
 
-def write_files(writers: Mapping[str | os.PathLike, Callable[[Path], None]]) -> None:
+def write_files(writers: Mapping[str | os.PathLike, Callable[[Path], None]], *,
+                staged: list[tuple[Path, Path]] | None = None) -> None:
     """Write every file atomically: ``writers[target](temp_path)`` writes one file.
 
     All files are written under temporary names first, then renamed; if any
     write fails or is interrupted, the temporary files are removed and every
-    target keeps its old content.
+    target keeps its old content. ``staged``: the files are left under their
+    temporary names and their (temporary, target) pairs added to it, for
+    ``commit_files`` to rename (what a ``FilesApart`` child does).
     """
-    staged: list[tuple[Path, Path]] = []
+    pairs: list[tuple[Path, Path]] = []
     try:
         for target, write in writers.items():
             target = Path(target)
             temp = temporary_name(target)
-            staged.append((temp, target))
+            pairs.append((temp, target))
             try:
                 write(temp)
             except OSError as exc:
                 raise OutputError(f"cannot write {target}: {_reason(exc)}") from None
+    except BaseException:
+        for temp, _ in pairs:
+            _remove(temp)
+        raise
+    if staged is not None:
+        staged += pairs
+    else:
+        commit_files(pairs)
+
+
+def commit_files(staged: list[tuple[Path, Path]]) -> None:
+    """Rename each staged (temporary, target) file to its target; if one cannot
+    be, the temporary files are removed (those renamed already stay renamed)."""
+    try:
         for temp, target in staged:
             try:
                 os.replace(temp, target)
@@ -127,6 +146,108 @@ def write_files(writers: Mapping[str | os.PathLike, Callable[[Path], None]]) -> 
         for temp, _ in staged:
             _remove(temp)
         raise
+
+
+class FilesApart:
+    """Files made by a forked child while this process writes others: ``kvsim run``'s
+    metrics.csv and bench_serve.json, beside its summary.json, requests.csv and
+    steps.csv (the two groups are independent; one core would otherwise wait).
+
+    ``job(staged)`` writes its files with ``write_files(..., staged=staged)``
+    and returns a JSON value (lists, not tuples, come back). The child runs it,
+    leaves its files under their temporary names, sends the pairs and the value
+    through a pipe and exits; ``join()`` renames those files and returns the
+    value. Where no child could run (forking not safe, ``fork_is_safe``; one
+    core; no process to be had) or it failed (killed; an error, which the job then
+    raises here again), ``join()`` runs ``job(None)`` here: the same files,
+    written as ``write_files`` writes them. ``targets``: the files the job
+    writes, whose temporary names a failed child may leave (removed). ``close()``
+    ends a child not joined (an error or Ctrl-C in between) and removes its
+    files; nothing is renamed then.
+    """
+
+    def __init__(self, job: Callable[[list | None], Any], targets) -> None:
+        from kvsim.metrics.tables import fork_is_safe
+
+        self._job = job
+        self._targets = [Path(t) for t in targets]
+        self._pid: int | None = None
+        self._pipe: int | None = None
+        if not fork_is_safe() or len(os.sched_getaffinity(0)) < 2:
+            return                                    # (on one core the child would only wait)
+        try:
+            read, write = os.pipe()
+        except OSError:
+            return
+        try:
+            pid = os.fork()
+        except OSError:
+            os.close(read)
+            os.close(write)
+            return
+        if pid == 0:                                  # the child
+            code = 1
+            try:
+                os.close(read)
+                staged: list[tuple[Path, Path]] = []
+                value = job(staged)
+                message = json.dumps({"staged": [[str(t), str(g)] for t, g in staged],
+                                      "value": value}).encode("utf-8")
+                with open(write, "wb") as f:
+                    f.write(message)
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        self._pid, self._pipe = pid, read
+
+    def join(self) -> Any:
+        """The job's value, its files renamed to their targets (made here if the child failed)."""
+        pid, message = self._pid, None
+        if pid is not None:
+            pipe, self._pipe = self._pipe, None
+            with open(pipe, "rb") as f:               # (until the child closes it: done or dead)
+                data = f.read()
+            status = _reap(pid)
+            self._pid = None
+            if status == 0:
+                try:
+                    message = json.loads(data)
+                except ValueError:
+                    message = None
+            if message is None:
+                self._remove_files(pid)
+        if message is None:
+            return self._job(None)
+        commit_files([(Path(t), Path(g)) for t, g in message["staged"]])
+        return message["value"]
+
+    def close(self) -> None:
+        """End a child not joined and remove what it wrote (after ``join``: nothing)."""
+        pid = self._pid
+        if pid is None:
+            return
+        self._pid = None
+        with suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        _reap(pid)
+        if self._pipe is not None:
+            with suppress(OSError):
+                os.close(self._pipe)
+            self._pipe = None
+        self._remove_files(pid)
+
+    def _remove_files(self, pid: int) -> None:
+        for target in self._targets:
+            _remove(temporary_name(target, pid))
+
+
+def _reap(pid: int) -> int:
+    """The child's exit status (0: it succeeded)."""
+    try:
+        return os.waitpid(pid, 0)[1]
+    except ChildProcessError:
+        return -1
 
 
 @contextmanager
