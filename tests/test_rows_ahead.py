@@ -180,3 +180,24 @@ def test_no_folder_for_the_parts_makes_them_all_at_the_end(tmp_path, monkeypatch
     watched = simulate(sc, watch_steps=ahead.watch)
     assert ahead.parts == []
     assert files(watched, tmp_path / "ahead", ahead) == files(plain, tmp_path / "plain")
+
+
+def test_the_parts_of_a_killed_run_are_removed_by_the_next(tmp_path, monkeypatch, make_ahead):
+    # A run killed by SIGKILL cannot remove its part folder; the next run that makes
+    # parts removes those of processes that are gone, and no other.
+    monkeypatch.setattr(tables.tempfile, "tempdir", str(tmp_path))
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)                                   # a pid that no longer runs
+    gone = tmp_path / f"kvsim-rows-{pid}-abc"
+    alive = tmp_path / f"kvsim-rows-{os.getppid()}-def"
+    other = tmp_path / "kvsim-rows-xyz"                  # no pid in the name: not ours to judge
+    for folder in (gone, alive, other):
+        folder.mkdir()
+        (folder / "part0").write_text("1,2\n")
+    sc = scenario()
+    ahead = make_ahead(steps_csv_ahead(sc).names, 40)
+    simulate(sc, watch_steps=ahead.watch)
+    assert ahead.parts and ahead._dir.name.startswith(f"kvsim-rows-{os.getpid()}-")
+    assert not gone.exists() and alive.exists() and other.exists()

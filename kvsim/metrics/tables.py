@@ -131,7 +131,8 @@ class RowsAhead:
     def _fork(self, steps, lo: int, hi: int) -> None:
         try:
             if self._dir is None:
-                self._dir = Path(tempfile.mkdtemp(prefix="kvsim-rows-"))
+                _remove_orphaned_parts()
+                self._dir = Path(tempfile.mkdtemp(prefix=f"kvsim-rows-{os.getpid()}-"))
             part = self._dir / f"part{len(self.parts)}"
             pid = os.fork()
         except OSError:
@@ -183,6 +184,22 @@ class RowsAhead:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
         self._forks = False
+
+
+def _remove_orphaned_parts() -> None:
+    """The part folders of runs whose process is gone (killed by SIGKILL, which
+    ``close`` cannot see): ``kvsim-rows-<pid>-*`` in the temporary folder, for a
+    pid that no longer runs. Another user's, or a live process's, are left."""
+    for folder in Path(tempfile.gettempdir()).glob("kvsim-rows-*-*"):
+        pid = folder.name.split("-")[2]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (OSError, OverflowError):
+            pass                                          # (alive, another user's; no pid)
 
 
 def _read_part(part: Path) -> bytes | None:
