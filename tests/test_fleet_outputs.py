@@ -8,6 +8,8 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kvsim
 from kvsim.cli import main
@@ -147,6 +149,26 @@ def test_a_replicas_metrics_are_its_own_prometheus_series():
                             max_model_len=4096)
     mine = table[table["replica"] == name].drop(columns=["replica"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(mine.iloc[:len(own)], own, check_dtype=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.sampled_from(["a", "b", "c", None]), max_size=40),
+       st.lists(st.sampled_from(["a", "b", "c"]), max_size=40))
+def test_a_replicas_rows_are_those_its_name_selects(request_replicas, step_replicas):
+    # _by_replica codes each replica column once: the same frames, index and
+    # order included, as selecting each name's rows by comparison.
+    from types import SimpleNamespace
+
+    from kvsim.scenario.cluster_outputs import _by_replica
+    requests = pd.DataFrame({"replica": pd.array(request_replicas, dtype="str"),
+                             "x": np.arange(len(request_replicas), dtype=float)})
+    steps = pd.DataFrame({"replica": pd.array(step_replicas, dtype="str"),
+                          "y": np.arange(len(step_replicas))})
+    result = SimpleNamespace(requests=requests, steps=steps, per_replica={"c": 0, "a": 0, "b": 0})
+    for name, part, own in _by_replica(result):
+        pd.testing.assert_frame_equal(part, requests[requests["replica"] == name].drop(columns=["replica"]))
+        pd.testing.assert_frame_equal(
+            own, steps[steps["replica"] == name].drop(columns=["replica"]).reset_index(drop=True))
 
 
 def test_the_trace_names_each_records_replica():

@@ -129,9 +129,24 @@ def _with_itls(data: dict, itls: list) -> dict:
 
 
 def _by_replica(result):
-    """(name, its request rows, its step rows) per replica, in pool order."""
+    """(name, its request rows, its step rows) per replica, in pool order.
+
+    Each table's replica column is coded once (``pd.factorize``) and a replica's
+    rows are those of its code, in table order: the rows ``table["replica"] ==
+    name`` selects, without a comparison of the whole column of strings per
+    replica (W7: 16 of 3.1 M step rows, ~2.2 s)."""
     requests, steps = result.requests, result.steps
+    request_rows, step_rows = _rows_of(requests["replica"]), _rows_of(steps["replica"])
+    empty = np.zeros(0, dtype=np.int64)
     for name in result.per_replica:
-        part = requests[requests["replica"] == name].drop(columns=["replica"])
-        own = steps[steps["replica"] == name].drop(columns=["replica"]).reset_index(drop=True)
+        part = requests.iloc[request_rows.get(name, empty)].drop(columns=["replica"])
+        own = steps.iloc[step_rows.get(name, empty)].drop(columns=["replica"]).reset_index(drop=True)
         yield name, part, own
+
+
+def _rows_of(column: pd.Series) -> dict:
+    """Each value's row positions, ascending (a missing value's are left out)."""
+    codes, values = pd.factorize(column)
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(values) + 1))
+    return {value: order[bounds[k]:bounds[k + 1]] for k, value in enumerate(values)}
