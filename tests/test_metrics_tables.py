@@ -3,6 +3,8 @@
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvsim.metrics.tables import column_text, write_csv
 
@@ -52,6 +54,24 @@ def test_strings_are_quoted_only_when_they_must_be(tmp_path):
     ids = ["r0", "a,b", 'say "hi"', "two\nlines", "", "r6"]
     write_csv({"request_id": ids}, tmp_path / "ids.csv")
     assert pd.read_csv(tmp_path / "ids.csv", keep_default_na=False)["request_id"].tolist() == ids
+
+
+_CELL = st.one_of(st.sampled_from(["r0", "a,b", 'q"', "x\ny", "", "replica-1"]),
+                  st.integers(-3, 3), st.sampled_from([1.0, 0.5, NAN, None, True, False]),
+                  st.text(max_size=3))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(_CELL, min_size=1, max_size=60), st.integers(1, 40))
+def test_a_column_of_objects_is_written_as_pandas_writes_it(tmp_path_factory, cells, repeat):
+    # Few distinct strings (a fleet's replica column) are quoted once each and
+    # looked up; 1, 1.0 and True keep their own texts. Repeated, the same column
+    # goes either way (many distinct strings in its first 1,024: one by one).
+    tmp_path = tmp_path_factory.mktemp("objects")
+    for column in (cells, cells * repeat, cells + [f"id{i}" for i in range(100)] + cells):
+        frame = pd.DataFrame({"x": pd.Series(column, dtype=object), "n": range(len(column))})
+        ours, theirs = pandas_and_ours(tmp_path, frame)
+        assert ours == theirs
 
 
 def test_a_one_column_table_quotes_its_empty_fields(tmp_path):

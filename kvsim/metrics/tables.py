@@ -327,7 +327,14 @@ def column_text(values) -> list[str]:
         for i in np.flatnonzero(np.isnan(array)).tolist():
             texts[i] = ""
         return texts
-    return [_object_text(v) for v in array.tolist()]
+    values = array.tolist()
+    if len({v for v in values[:1024] if type(v) is str}) > 64:
+        return [_object_text(v) for v in values]          # (ids: nearly every one distinct)
+    # Each distinct string quoted once (a fleet's replica column: 16 names in
+    # 3.1 M rows); only strings are keyed, so 1, 1.0 and True stay apart.
+    texts = {v: _quote(v) for v in {v for v in values if type(v) is str}}
+    get = texts.get
+    return [get(v) if type(v) is str else _object_text(v) for v in values]
 
 
 def _few_distinct(array: np.ndarray) -> bool:
