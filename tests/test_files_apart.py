@@ -2,39 +2,19 @@
 ``kvsim run``'s metrics.csv and bench_serve.json. The same files, renamed only at ``join``, whatever
 the child does."""
 
-import multiprocessing
 import os
 import signal
 import time
 
 import pytest
+from forking import BASE, needs_fork, one_thread  # noqa: F401  (one_thread: autouse)
 
 from kvsim.metrics import tables
 from kvsim.scenario.loader import load_scenario
 from kvsim.scenario.outputs import FilesApart, OutputError, commit_files, temporary_name, write_files
 from kvsim.scenario.simulate import simulate
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or multiprocessing.get_start_method() != "fork",
-                                reason="the files are made apart only where the process forks")
-
-BASE = {
-    "name": "apart", "seed": 5, "model": "llama-3.2-1b", "hardware": {"gpu": "h100-sxm"},
-    "engine": {"scheduler": "chunked", "block_size": 16, "num_gpu_blocks_override": 400,
-               "max_num_batched_tokens": 256},
-    "cost_model": {"type": "roofline"},
-    "workload": {"num_requests": 40, "arrival": {"type": "poisson", "rate": 20.0},
-                 "prompt_len": {"type": "uniform", "low": 10, "high": 600},
-                 "output_len": {"type": "uniform", "low": 5, "high": 120}},
-}
-
-
-@pytest.fixture(autouse=True)
-def one_thread(monkeypatch, request):
-    """pytest-xdist keeps a thread of its own, which the child never needs (it writes
-    files and leaves); ``fork_is_safe`` counts threads for the caller's, which this
-    patch stands in for (but where a test sets another)."""
-    if "unsafe" not in request.node.name:
-        monkeypatch.setattr(tables.threading, "active_count", lambda: 1)
+pytestmark = needs_fork
 
 
 @pytest.fixture

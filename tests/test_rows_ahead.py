@@ -1,38 +1,18 @@
 """steps.csv's rows made text during the run by forked children (kvsim.metrics.tables.RowsAhead):
 the same bytes as the file made after it, whatever the children do."""
 
-import multiprocessing
 import os
 import signal
 
 import pytest
+from forking import BASE, needs_fork, one_thread  # noqa: F401  (one_thread: autouse)
 
 from kvsim.metrics import tables
 from kvsim.scenario.loader import load_scenario
 from kvsim.scenario.result import steps_csv_ahead
 from kvsim.scenario.simulate import simulate
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or multiprocessing.get_start_method() != "fork",
-                                reason="the rows are made ahead only where the process forks")
-
-BASE = {
-    "name": "ahead", "seed": 3, "model": "llama-3.2-1b", "hardware": {"gpu": "h100-sxm"},
-    "engine": {"scheduler": "chunked", "block_size": 16, "num_gpu_blocks_override": 400,
-               "max_num_batched_tokens": 256},
-    "cost_model": {"type": "roofline"},
-    "workload": {"num_requests": 60, "arrival": {"type": "poisson", "rate": 20.0},
-                 "prompt_len": {"type": "uniform", "low": 10, "high": 600},
-                 "output_len": {"type": "uniform", "low": 5, "high": 120}},
-}
-
-
-@pytest.fixture(autouse=True)
-def one_thread(monkeypatch, request):
-    """The test runner may keep a thread of its own (pytest-xdist's): the children
-    format rows and leave, which is safe with it; RowsAhead counts threads for the
-    caller's, which this patch stands in for (but where a test sets another)."""
-    if "unsafe" not in request.node.name:
-        monkeypatch.setattr(tables.threading, "active_count", lambda: 1)
+pytestmark = needs_fork
 
 
 @pytest.fixture
