@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from kvsim.kv.lmcache_connector import LMCacheMPConnector
-from kvsim.kv.lmcache_server import LMCacheServer
 from kvsim.kv.offload import OffloadTier, TierSpec
-from kvsim.kv.offload_engine import OffloadConnector
-from kvsim.kv.offload_stack import OffloadTiers
 from kvsim.metrics.schema import CONNECTOR_REQUEST_COLUMNS
 from kvsim.scenario.schema import KVOffloadingSection, LMCacheSection, ScenarioError
+
+if TYPE_CHECKING:           # the connectors are imported when one is made (not by every run)
+    from kvsim.kv.lmcache_connector import LMCacheMPConnector
+    from kvsim.kv.offload_engine import OffloadConnector
 
 GIB = 1 << 30
 UNBOUNDED = 1 << 60      # bytes: an L2 with no capacity of its own (LMCache's fs adapter)
@@ -51,6 +52,9 @@ class OffloadSettings:
     def make_connector(self, shared: dict | None = None) -> OffloadConnector:
         """A fresh connector; with ``shared`` (one dict per fleet run) every replica's
         remote tier is the same store, and its network link one queue."""
+        from kvsim.kv.offload_engine import OffloadConnector
+        from kvsim.kv.offload_stack import OffloadTiers
+
         tiers = [OffloadTier(self.cpu, self.chunk_bytes)]
         if self.disk is not None:
             tiers.append(OffloadTier(self.disk, self.chunk_bytes))
@@ -97,6 +101,9 @@ class LMCacheSettings:
 
     def make_connector(self, shared: dict | None = None) -> LMCacheMPConnector:
         """A fresh connector and server (``shared`` is ignored: one server per replica)."""
+        from kvsim.kv.lmcache_connector import LMCacheMPConnector
+        from kvsim.kv.lmcache_server import LMCacheServer
+
         l2 = OffloadTier(self.l2, self.chunk_bytes) if self.l2 is not None else None
         server = LMCacheServer(OffloadTier(self.l1, self.chunk_bytes), l2=l2,
                                trigger_watermark=self.trigger_watermark,
