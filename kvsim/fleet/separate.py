@@ -20,7 +20,9 @@ arrival order (the same decisions as the shared queue's front end makes),
 scheduled as arrival events in their replica's
 environment, and each replica is then advanced, one after the other, through
 its events before the window's last arrival. Its decode runs are bounded by
-its own next arrival (``env.peek``, as a single engine's are).
+its own next arrival (``env.peek``, as a single engine's are). An event at
+the window's last arrival, doing nothing, keeps an engine from moving its
+clock in place (``advance_in_place``) past arrivals not read yet.
 
 ``only`` (``Fleet(only=...)``) simulates some of the replicas: every request
 is still routed, the others' are dropped. A process of
@@ -118,6 +120,10 @@ class SeparateRun:
             if not self.all_read:
                 for replica in ours:
                     env = replica.env
+                    # What is fed ends at ``send``: an event there (doing nothing)
+                    # keeps the engine from moving its clock past it in place
+                    # (``advance_in_place``) before the next window's arrivals are in.
+                    AtTime(env, send)
                     while env.peek() < send:
                         env.step()
         for replica in ours:

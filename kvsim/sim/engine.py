@@ -20,6 +20,10 @@ the engine only costs (``costing.py``), advances the clock and records
 costed in one call and its effects applied in one call; a request submitted
 while a run is in flight cuts the run after the step in progress, so the
 run path and the step path give the same results whatever arrives when.
+When no event is due before a step or a run ends, the engine moves the clock
+to its end in place instead of waiting for it as an event
+(``kvsim.sim.frontend.advance_in_place``): nothing else could run in
+between, so the results are the same (tests/test_clock_in_place.py).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from kvsim.sched.base import DecodeRun, Scheduler
 from kvsim.sched.request import Request, RequestStatus
 from kvsim.sim.admission import QueueLimits
 from kvsim.sim.costing import StepCosts
-from kvsim.sim.frontend import AtTime
+from kvsim.sim.frontend import AtTime, advance_in_place
 from kvsim.sim.inbox import Inbox
 from kvsim.sim.records import EngineRecords, EngineStats
 from kvsim.sim.steplog import StepLog
@@ -335,7 +339,8 @@ class Engine(EngineRecords):
             sched.update_from_output(plan, env.now)
             return
         duration = self._costs.step(plan)
-        yield env.timeout(duration)
+        if not advance_in_place(env, start + duration):     # (env.timeout's own sum)
+            yield env.timeout(duration)
         finished = sched.update_from_output(plan, env.now)
         if self.queue_limits is not None:
             self.queue_limits.outputs(plan.scheduled)      # first tokens leave the prefill backlog
@@ -346,16 +351,19 @@ class Engine(EngineRecords):
 
     def _decode_run(self, run: DecodeRun, times: array, durations: array):
         """Decode steps costed at once; their effects applied at the end of the last."""
-        flight = self._in_flight = _RunInFlight(run, times, durations, len(durations))
-        while True:
-            try:
-                # At the exact last boundary: the fast path adds step times left
-                # to right, as the step path's successive timeouts do.
-                yield AtTime(self.env, times[flight.num_steps])
-                break
-            except simpy.Interrupt:
-                pass                                 # cut by a submit: wait for the new end
-        self._in_flight = None
+        flight = _RunInFlight(run, times, durations, len(durations))
+        # At the exact last boundary: the fast path adds step times left to
+        # right, as the step path's successive timeouts do. Nothing can cut a
+        # run that ends before the next event.
+        if not advance_in_place(self.env, times[flight.num_steps]):
+            self._in_flight = flight
+            while True:
+                try:
+                    yield AtTime(self.env, times[flight.num_steps])
+                    break
+                except simpy.Interrupt:
+                    pass                             # cut by a submit: wait for the new end
+            self._in_flight = None
         k = flight.num_steps
         if k == 0:
             return                                   # cut before its first step began

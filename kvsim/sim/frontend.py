@@ -43,6 +43,23 @@ class AtTime(Event):
         heapq.heappush(env._queue, (at, URGENT if urgent else NORMAL, next(env._eid), self))
 
 
+def advance_in_place(env: simpy.Environment, at: float) -> bool:
+    """Move the clock to ``at`` now, without an event, when no event is due before
+    or at ``at``; False (nothing changed) when one is, and the caller waits for ``at``.
+
+    What SimPy would do is then the same: the next event it would process is
+    the caller's own wake-up at ``at``, so no other process can run, or see
+    the state, in between (a tie waits, keeping SimPy's order at ``at``). Only
+    the event and the generator switch are saved. Uses SimPy's clock directly,
+    as ``AtTime`` its queue.
+    """
+    queue = env._queue
+    if queue and queue[0][0] <= at:
+        return False
+    env._now = at
+    return True
+
+
 class Frontend:
     """Sends a workload's requests to ``submit`` at the right instants."""
 
