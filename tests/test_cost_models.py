@@ -308,6 +308,29 @@ def test_scalar_hot_path_equals_the_array_formula(make):
                 cm._op_time(op, tokens, sampled), rel=1e-12)
 
 
+def _sampled_ops_first(cm):
+    """The same model with the sampled ops (lm_head, sampler) moved to the front of the ops."""
+    ops = sorted(cm.shapes.ops, key=lambda op: op.name not in ("lm_head", "sampler"))
+    return dataclasses.replace(cm, shapes=dataclasses.replace(cm.shapes, ops=tuple(ops)))
+
+
+@pytest.mark.parametrize("make", [roofline, fitted, lambda: roofline(load_model("deepseek-v2-lite"), H100, 1),
+                                  lambda: _sampled_ops_first(roofline())],
+                         ids=["roofline", "fitted", "moe", "sampled-ops-first"])
+def test_memoised_linear_time_adds_the_ops_up_in_their_order_bit_for_bit(make):
+    """``_linear_time`` memoises by parts (the token ops' sum, the sampled ops' times) only
+    where that is the loop's own sum: the same float as adding every op in order."""
+    cm = make()
+    rng = np.random.default_rng(0)
+    pairs = [(int(n), int(s)) for n, s in zip(rng.integers(0, 9000, 400), rng.integers(0, 300, 400))]
+    pairs += [(n, s) for n in (0, 1, 2, 512, 8192) for s in (0, 1, 2, 256)]
+    for n, s in pairs + pairs:                      # the second time from the memos
+        plain = 0.0
+        for op in cm.shapes.ops:
+            plain += cm._op_time_scalar(op, n, s)
+        assert cm._linear_time(n, s) == plain
+
+
 @pytest.mark.parametrize("make", [roofline, fitted,
                                   lambda: fitted("rtx-4090_llama-3.1-8b_tp1", load_model("llama-3.1-8b"),
                                                  load_gpu(RTX4090), 1)],

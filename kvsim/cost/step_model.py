@@ -65,6 +65,15 @@ class StepCostModel(DecodeRunCosts):
         # (op, its coefficients, whether it scales with sampled sequences)
         self._linear_ops = tuple((op, self.ops[op.name], op.name in SAMPLED_OPS) for op in sh.ops)
         self._linear_cache: dict[tuple[int, int], float] = {}
+        # When the sampled ops come last (lm_head, sampler), a step's sum is also
+        # memoised in two parts, exactly as the loop adds it up: the other ops'
+        # running sum by token count, then each sampled op's time by sampled count.
+        sampled = [s for _, _, s in self._linear_ops]
+        first = sampled.index(True) if True in sampled else len(sampled)
+        self._split_linear = all(sampled[first:])
+        self._token_ops, self._sampled_ops = self._linear_ops[:first], self._linear_ops[first:]
+        self._token_sums: dict[int, float] = {}
+        self._sampled_times: dict[int, tuple[float, ...]] = {}
         self._attn_flops_per_pair = sh.attn_flops_per_pair
         # MLA decodes in the latent space and up-projects the cached context in
         # prefill (features.RankShapes; catalog issue #16); plain attention: same / 0.
@@ -202,11 +211,33 @@ class StepCostModel(DecodeRunCosts):
         key = (num_tokens, num_sampled)
         t = self._linear_cache.get(key)
         if t is None:
+            t = self._linear_sum(num_tokens, num_sampled)
+            if len(self._linear_cache) < 200_000:
+                self._linear_cache[key] = t
+        return t
+
+    def _linear_sum(self, num_tokens: int, num_sampled: int) -> float:
+        """Every linear op's time added up in the ops' order (``_linear_time`` unmemoised)."""
+        if not self._split_linear:
             t = 0.0
             for op, coef, sampled in self._linear_ops:
                 t += _op_time_scalar(op, coef, num_sampled if sampled else num_tokens)
-            if len(self._linear_cache) < 200_000:
-                self._linear_cache[key] = t
+            return t
+        # The same additions in the same order, the parts memoised (_split_linear).
+        t = self._token_sums.get(num_tokens)
+        if t is None:
+            t = 0.0
+            for op, coef, _ in self._token_ops:
+                t += _op_time_scalar(op, coef, num_tokens)
+            if len(self._token_sums) < 200_000:
+                self._token_sums[num_tokens] = t
+        times = self._sampled_times.get(num_sampled)
+        if times is None:
+            times = tuple(_op_time_scalar(op, coef, num_sampled) for op, coef, _ in self._sampled_ops)
+            if len(self._sampled_times) < 200_000:
+                self._sampled_times[num_sampled] = times
+        for x in times:
+            t += x
         return t
 
     def _op_time_scalar(self, op, num_tokens: int, num_sampled: int) -> float:
