@@ -96,7 +96,8 @@ class KVCacheManager(PoolQueries, DecodeRunSteps, ChunkRunSteps):
 
     def num_blocks_for(self, num_tokens: int) -> int:
         """Blocks that hold ``num_tokens`` slots of one request (A1: capped at max_model_len)."""
-        return -(-min(num_tokens, self.max_model_len) // self.block_size)
+        cap = self.max_model_len                          # (min(), spelled as its comparison)
+        return -(-(num_tokens if num_tokens <= cap else cap) // self.block_size)
 
     def get_computed_blocks(self, req) -> tuple[list[int], int]:
         """Longest cached prefix of ``req``, as (blocks, tokens); read-only (H3, H4).

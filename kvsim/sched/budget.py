@@ -26,7 +26,8 @@ class StepBudget:
     @property
     def room(self) -> int:
         """The most tokens the next request may get."""
-        return min(self.tokens, self.inputs - self.draft_slots)
+        inputs = self.inputs - self.draft_slots          # (min(), spelled as its comparison)
+        return self.tokens if self.tokens <= inputs else inputs
 
     @property
     def open(self) -> bool:
