@@ -90,6 +90,20 @@ def test_decode_run_times_add_up_the_step_path_clock_bit_for_bit(make, num_seqs)
     assert tuple(map(list, run(num_seqs, ctx, start, 1000, start))) == ([start], [])
 
 
+@pytest.mark.parametrize("make", [roofline, lambda: roofline(load_model("gemma-3-27b"), H100, 1)],
+                         ids=["roofline", "sliding-window"])
+def test_decode_runs_of_batches_asked_in_any_order_cost_as_on_a_fresh_model(make):
+    """decode_run_times memoises each batch's terms: runs of several batch sizes,
+    synchronous and overlapped, asked again and interleaved, cost what the first
+    run of each on a model of its own costs."""
+    cm = make()
+    asks = [(n, overlap, cont) for n in (1, 5, 64) for overlap in (False, True) for cont in (False, True)]
+    for n, overlap, cont in asks + asks[::-1]:
+        got = cm.decode_run_times(n, 900 * n, 3.5, 30, 1e9, overlap_cpu=overlap, continuation=cont)
+        assert got == make().decode_run_times(n, 900 * n, 3.5, 30, 1e9, overlap_cpu=overlap,
+                                              continuation=cont)
+
+
 def test_decode_cost_depends_on_contexts_only_through_their_sum():
     cm = fitted()
     a = cm.step_time(BatchShape.from_lists([1, 1, 1], [10, 20, 3000]))

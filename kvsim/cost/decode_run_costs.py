@@ -68,21 +68,12 @@ class DecodeRunCosts:
         operations, in the same order, as ``step_time_from_lists`` on that
         all-decode batch, so the two agree bit for bit.
         """
-        run_tokens, launch = self._decode_run_shape(num_seqs)
-        linear = self._linear_time(run_tokens, num_seqs)
-        allreduce = self._allreduce_time(run_tokens)
-        cpu = self._cpu_time(num_seqs, 0, num_seqs, continuation)
-        scale = self._gpu_scale
-        spf, spb, floor_s, const_s, spt = self._decode_coef
-        fpp, kvb = self._decode_flops_per_pair, self._kv_bytes_per_token_layer
-        num_layers = self.shapes.num_layers
-        window, decode_keys = self._window, self.shapes.decode_keys
-        n = float(num_seqs)
-        q_bytes, per_seq = n * self._q_bytes_per_token, spt * n
-        # _combine(kernels, launch, cpu, overlap_cpu) as max(kernels, floor) + extra:
-        # overlapped, max(kernels, launch + cpu) + 0.0 (the same float); else
-        # max(kernels, launch) + cpu.
-        floor, extra = (launch + cpu, 0.0) if overlap_cpu else (launch, cpu)
+        key = (num_seqs, overlap_cpu, continuation)
+        terms = self._run_terms.get(key)
+        if terms is None:
+            terms = self._run_terms[key] = self._decode_run_terms(num_seqs, overlap_cpu, continuation)
+        (linear, allreduce, scale, floor, extra, n, q_bytes, per_seq, spf, spb, floor_s, const_s,
+         fpp, kvb, num_layers, window, decode_keys) = terms
         times, durations = array("d", (start,)), array("d")
         t = start
         if window:
@@ -124,6 +115,24 @@ class DecodeRunCosts:
             add_duration(d)
             keys += n
         return times, durations
+
+    def _decode_run_terms(self, num_seqs: int, overlap_cpu: bool, continuation: bool) -> tuple:
+        """What ``decode_run_times`` reads for a batch of ``num_seqs``: the same for
+        every run of that batch (the model's constants do not change), so memoised."""
+        run_tokens, launch = self._decode_run_shape(num_seqs)
+        linear = self._linear_time(run_tokens, num_seqs)
+        allreduce = self._allreduce_time(run_tokens)
+        cpu = self._cpu_time(num_seqs, 0, num_seqs, continuation)
+        spf, spb, floor_s, const_s, spt = self._decode_coef
+        n = float(num_seqs)
+        # _combine(kernels, launch, cpu, overlap_cpu) as max(kernels, floor) + extra:
+        # overlapped, max(kernels, launch + cpu) + 0.0 (the same float); else
+        # max(kernels, launch) + cpu.
+        floor, extra = (launch + cpu, 0.0) if overlap_cpu else (launch, cpu)
+        return (linear, allreduce, self._gpu_scale, floor, extra, n, n * self._q_bytes_per_token,
+                spt * n, spf, spb, floor_s, const_s, self._decode_flops_per_pair,
+                self._kv_bytes_per_token_layer, self.shapes.num_layers, self._window,
+                self.shapes.decode_keys)
 
     def _decode_run_shape(self, num_seqs: int) -> tuple[int, float]:
         """(tokens the kernels run, launch seconds) of a uniform decode step of ``num_seqs``."""

@@ -74,6 +74,7 @@ class StepCostModel(DecodeRunCosts):
         self._token_ops, self._sampled_ops = self._linear_ops[:first], self._linear_ops[first:]
         self._token_sums: dict[int, float] = {}
         self._sampled_times: dict[int, tuple[float, ...]] = {}
+        self._run_terms: dict[tuple, tuple] = {}     # decode_run_times' per-batch terms
         self._attn_flops_per_pair = sh.attn_flops_per_pair
         # MLA decodes in the latent space and up-projects the cached context in
         # prefill (features.RankShapes; catalog issue #16); plain attention: same / 0.
