@@ -197,3 +197,20 @@ def test_reviving_free_blocks_over_and_over_keeps_the_queue_exact():
         p.free_blocks(blocks[::-1])
     assert pool.get_new_blocks(5) == ref.get_new_blocks(5)
     _assert_same(pool, ref, 16)
+
+
+def test_blocks_freed_as_unshared_go_where_the_checked_free_puts_them():
+    # free_request_blocks(unshared=True) skips the ref_cnt look (a private request's
+    # blocks: no other request holds them): the queue ends the same; debug mode checks the claim.
+    pools = [BlockPool(12), BlockPool(12)]
+    for pool in pools:
+        blocks = pool.get_new_blocks(7)
+        pool.cache_full_blocks(blocks, [20, 21, 22, 23], 0, 4)
+    pools[0].free_request_blocks(blocks[::-1], 3)
+    pools[1].free_request_blocks(blocks[::-1], 3, unshared=True)
+    assert pools[0].get_new_blocks(11) == pools[1].get_new_blocks(11)
+    debug = BlockPool(12, debug=True)
+    blocks = debug.get_new_blocks(3)
+    debug.touch(blocks[:1])                      # a second holder: not unshared
+    with pytest.raises(AssertionError, match="unshared"):
+        debug.free_request_blocks(blocks[::-1], 3, unshared=True)

@@ -257,10 +257,13 @@ class BlockPool:
                 ref[b] = 0                        # the null block is never freed nor counted (B2)
         self._requeue(to_tail, to_head)
 
-    def free_request_blocks(self, blocks: list[int], num_unhashed: int) -> None:
+    def free_request_blocks(self, blocks: list[int], num_unhashed: int, unshared: bool = False) -> None:
         """``free_blocks(blocks)`` (B6, B7) for one request's blocks, tail first,
         of which the first ``num_unhashed`` hold no hash and the others do
-        (or are private: the module docstring).
+        (or are private: the module docstring). ``unshared``: the caller
+        knows no other request holds any of them (a private request's: no
+        other can hit them), so their ref_cnt is 1 without looking (checked
+        in debug mode).
 
         The manager knows the split: a request's blocks are hashed from its
         first on (A4, ``num_cached_block``). When no block is shared (every
@@ -273,10 +276,14 @@ class BlockPool:
         if n == 0:
             return
         ref = self.ref_cnt
-        refs = (ref[blocks[0]],) if n == 1 else itemgetter(*blocks)(ref)   # (one: itemgetter's scalar)
-        if refs.count(1) != n:
-            self.free_blocks(blocks)
-            return
+        if not unshared or self.debug:
+            refs = (ref[blocks[0]],) if n == 1 else itemgetter(*blocks)(ref)   # (one: itemgetter's scalar)
+            if refs.count(1) != n:
+                if unshared:
+                    raise AssertionError(f"free_request_blocks: blocks {blocks} said unshared "
+                                         f"have ref_cnt {refs}")
+                self.free_blocks(blocks)
+                return
         if self.debug:
             # (Debug mode hashes a private request's blocks too: KVCacheManager.)
             block_hash = self.block_hash

@@ -228,8 +228,9 @@ class KVCacheManager(PoolQueries, DecodeRunSteps, ChunkRunSteps):
             if num_cached and not finished:
                 # It may look its prefix up again: its private blocks enter the map.
                 self.pool.publish(blocks[:num_cached], req.block_hashes[:num_cached])
-            # Its cached blocks go to the tail, private or not (kv/block_pool.py).
-            self.pool.free_request_blocks(blocks[::-1], len(blocks) - num_cached)
+            # Its cached blocks go to the tail, private or not (kv/block_pool.py);
+            # no other request can hold a private request's blocks.
+            self.pool.free_request_blocks(blocks[::-1], len(blocks) - num_cached, unshared=True)
         elif self._any_forks or num_cached is None:
             self.pool.free_blocks(blocks[::-1])
         else:

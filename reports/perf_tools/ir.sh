@@ -2,6 +2,9 @@
 # usage: ir.sh TREE [N]: callgrind instructions (G) of simulate() on W1 cut to N (2000) requests, minus a workload-only run
 TREE=$(cd "$1" && pwd); N=${2:-2000}
 PY=${PYTHON:-$(python3 -c 'import sys; print(sys.executable)')}
+# Byte-compile the tree first: where no .pyc can be written (PYTHONDONTWRITEBYTECODE,
+# a fresh worktree), every run would otherwise count compiling the modules it imports.
+env -u PYTHONDONTWRITEBYTECODE "$PY" -m compileall -q "$TREE/kvsim" > /dev/null
 run() { cd "$TREE"; PYTHONHASHSEED=0 PYTHONPATH="$TREE" valgrind --tool=callgrind --callgrind-out-file=/dev/null "$PY" -c "
 import kvsim
 from kvsim.scenario.loader import load_scenario
