@@ -381,6 +381,16 @@ def test_compare_ref_is_a_worktree_or_a_commit_and_anything_else_is_named(tmp_pa
 
 
 @pytest.mark.slow
+def test_compare_compiles_a_tree_even_where_bytecode_is_not_written(tmp_path, monkeypatch):
+    # Else each run of a fresh REF export counts compiling every module it imports.
+    from kvsim.bench.compare import byte_compile
+    (tmp_path / "kvsim").mkdir()
+    (tmp_path / "kvsim" / "mod.py").write_text("X = 1\n")
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    byte_compile(tmp_path)
+    assert [p.name for p in (tmp_path / "kvsim" / "__pycache__").iterdir()][0].startswith("mod.")
+
+
 def test_compare_of_this_tree_with_itself_runs_both_and_finds_the_same_summary(tmp_path):
     from kvsim.bench.compare import compare, this_tree
 

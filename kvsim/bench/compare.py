@@ -16,6 +16,12 @@ minutes, so a before/after pair proves little. Here:
   apart); the callgrind runs do not. Instruction counts miss memory stalls (cache misses cost time, not
   instructions), so the two views together say more than either.
 
+Both trees' ``kvsim/`` are byte-compiled first (``compileall``, as Python
+would on a first import), so that neither side's process times or
+instruction counts include compiling its modules: where bytecode is not
+written (``PYTHONDONTWRITEBYTECODE``, a fresh export of REF) every run
+would otherwise compile every module it imports.
+
 Both versions run the same scenario file (this tree's ``scenarios/bench/``)
 through the public API (``kvsim.load_scenario``, ``kvsim.simulate``), so any
 version with that API can be compared. REF is a worktree path (a folder
@@ -127,6 +133,14 @@ def _describe(folder: Path) -> str:
     return text + (", kvsim/ has uncommitted changes" if dirty else "")
 
 
+def byte_compile(root: Path) -> None:
+    """Write the bytecode of ``root``'s ``kvsim/`` (best effort: a folder that
+    cannot be written to leaves its runs compiling, as before)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(root / "kvsim")], env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def _env(root: Path, *, fixed_hash: bool = False) -> dict:
     env = dict(os.environ)
     if fixed_hash:
@@ -188,6 +202,8 @@ def compare(ref: str, *, workload: str = "W1", pairs: int = DEFAULT_PAIRS, reque
         a_name = f"this tree {a_root} ({_describe(a_root)})"
         runs = {"A": [], "B": []}
         roots = {"A": a_root, "B": b_root}
+        for root in roots.values():
+            byte_compile(root)
         log(f"kvsim bench --compare: A = {a_name}; B = {b_name}; {workload}, {pairs} pairs, ABBA order")
         for i in range(pairs):
             for side in ("A", "B") if i % 2 == 0 else ("B", "A"):
