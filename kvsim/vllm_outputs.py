@@ -33,9 +33,10 @@ def vllm_outputs_apart(result, out_dir: str | Path, *, detailed: bool = False,
     """``write_vllm_outputs`` in a forked child while the caller writes the run's
     own files (``kvsim run --out``); ``join()`` returns what it returns."""
     out = Path(out_dir)
+    # A streaming run writes neither file (it keeps no tables): no child to fork.
     return FilesApart(lambda staged: write_vllm_outputs(result, out, detailed=detailed,
                                                         interval_s=interval_s, staged=staged),
-                      targets=[out / name for name in VLLM_FILES])
+                      targets=[out / name for name in VLLM_FILES], apart=not _streaming(result))
 
 
 def write_vllm_outputs(result, out_dir: str | Path, *, detailed: bool = False,
@@ -51,7 +52,7 @@ def write_vllm_outputs(result, out_dir: str | Path, *, detailed: bool = False,
         return [METRICS_FILE, BENCH_FILE], notes
     out = Path(out_dir)
     sc = result.scenario
-    if sc is None or sc.scenario.metrics.streaming:
+    if _streaming(result):
         return [], ["metrics.csv and bench_serve.json need the per-request and per-step tables, "
                     "which metrics: {streaming: true} does not keep"]
     series = prometheus_series(result.requests, result.steps, max_model_len=sc.sched_config.max_model_len,
@@ -67,6 +68,12 @@ def write_vllm_outputs(result, out_dir: str | Path, *, detailed: bool = False,
                  out / BENCH_FILE: lambda path: path.write_text(text, encoding="utf-8")},
                 staged=staged)
     return [METRICS_FILE, BENCH_FILE], notes
+
+
+def _streaming(result) -> bool:
+    """A single engine's result with streaming metrics (or no scenario): no tables kept."""
+    sc = result.scenario
+    return not getattr(result, "per_replica", None) and (sc is None or sc.scenario.metrics.streaming)
 
 
 def bench_setup(sc, num_requests: int) -> dict:

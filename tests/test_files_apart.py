@@ -142,3 +142,37 @@ def test_kvsim_run_writes_the_files_of_one_process(tmp_path, monkeypatch):
     assert names == sorted(p.name for p in (tmp_path / "b").iterdir()) and len(names) == 5
     for name in names:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+
+
+def test_a_streaming_run_forks_no_child(tmp_path, monkeypatch, capsys):
+    """metrics: {streaming: true} keeps no tables, so metrics.csv and bench_serve.json are not
+    made: no child is forked to make nothing, and the run says why they are missing."""
+    import copy
+
+    import yaml
+
+    from kvsim.cli import main
+    from kvsim.scenario import outputs
+
+    data = copy.deepcopy(BASE)
+    data.setdefault("metrics", {})["streaming"] = True
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(data))
+    forked = []
+    init = outputs.FilesApart.__init__
+
+    def spy(self, *a, **k):
+        init(self, *a, **k)
+        forked.append(self._pid is not None)
+    monkeypatch.setattr(outputs.FilesApart, "__init__", spy)
+    assert main(["run", str(path), "--out", str(tmp_path / "a")]) == 0
+    assert forked == [False]
+    assert "metrics.csv and bench_serve.json need the per-request" in capsys.readouterr().err
+    assert not (tmp_path / "a" / "metrics.csv").exists()
+    assert _leftovers(tmp_path / "a") == []
+
+
+def test_apart_false_runs_the_job_here(tmp_path, apart):
+    files = FilesApart(_job(tmp_path, os.getpid()), [tmp_path / "a.txt"], apart=False)
+    assert files._pid is None and files.join() == ["here", 1]
+    assert (tmp_path / "a.txt").read_text() == "a.txt of the job\n"

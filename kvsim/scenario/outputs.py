@@ -161,19 +161,20 @@ class FilesApart:
     core; no process to be had) or it failed (killed; an error, which the job then
     raises here again), ``join()`` runs ``job(None)`` here: the same files,
     written as ``write_files`` writes them. ``targets``: the files the job
-    writes, whose temporary names a failed child may leave (removed). ``close()``
+    writes, whose temporary names a failed child may leave (removed). ``apart``:
+    False runs no child (a job with nothing to write); ``join()`` runs it here. ``close()``
     ends a child not joined (an error or Ctrl-C in between) and removes its
     files; nothing is renamed then.
     """
 
-    def __init__(self, job: Callable[[list | None], Any], targets) -> None:
+    def __init__(self, job: Callable[[list | None], Any], targets, apart: bool = True) -> None:
         from kvsim.metrics.tables import fork_is_safe
 
         self._job = job
         self._targets = [Path(t) for t in targets]
         self._pid: int | None = None
         self._pipe: int | None = None
-        if not fork_is_safe() or len(os.sched_getaffinity(0)) < 2:
+        if not apart or not fork_is_safe() or len(os.sched_getaffinity(0)) < 2:
             return                                    # (on one core the child would only wait)
         try:
             read, write = os.pipe()
