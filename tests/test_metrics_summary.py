@@ -331,3 +331,50 @@ def test_median_p90_p99_on_large_and_tied_samples(n):
     for v in (rng.gamma(2.0, 10.0, n), np.round(rng.gamma(2.0, 10.0, n), 1), np.full(n, 7.5)):
         got = np.array(median_p90_p99(v))
         assert got.tobytes() == np.array([np.median(v), *np.percentile(v, [90, 99])]).tobytes()
+
+
+def _vllm_calculate_metrics(ttfts, tpots, itls, e2els):
+    """The statistics of vLLM's ``calculate_metrics`` (vllm/benchmarks/serve.py), as
+    written there: each of the lists of seconds, times 1000."""
+    out = {}
+    for metric, xs in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
+        out[f"mean_{metric}_ms"] = np.mean(xs or 0) * 1000
+        out[f"median_{metric}_ms"] = np.median(xs or 0) * 1000
+        out[f"std_{metric}_ms"] = np.std(xs or 0) * 1000
+        out[f"p90_{metric}_ms"] = np.percentile(xs or 0, 90) * 1000
+        out[f"p99_{metric}_ms"] = np.percentile(xs or 0, 99) * 1000
+    return out
+
+
+def test_statistics_are_vllms_arithmetic_bit_for_bit():
+    """Each statistic of the seconds, times 1000, as vLLM computes it: not the
+    statistic of the values in ms, which differs in the last bits (it does here)."""
+    rng = np.random.default_rng(11)
+    n = 400
+    arrival = np.sort(rng.uniform(0, 100, n))
+    ttft = rng.lognormal(-2, 1, n)
+    n_out = rng.integers(1, 50, n)
+    finish = arrival + ttft + (n_out - 1) * rng.lognormal(-4, 0.3, n)
+    requests = make_requests([(a, a, a + t, f, 100, int(k), 0, 0, "completed")
+                              for a, t, f, k in zip(arrival, ttft, finish, n_out)])
+    itl = rng.lognormal(-4, 0.5, 3001)
+    s = summarize(requests, STEPS, itl, num_gpu_blocks=1)
+    ttfts = list(requests["first_token_time_s"] - requests["arrival_time_s"])
+    e2els = list(requests["finish_time_s"] - requests["arrival_time_s"])
+    tpots = [(e - t) / (k - 1) for e, t, k in zip(e2els, ttfts, n_out) if k > 1]
+    expected = _vllm_calculate_metrics(ttfts, tpots, list(itl), e2els)
+    assert {k: s[k] for k in expected} == expected
+    # (The old arithmetic, statistics of the values in ms, is not these floats.)
+    in_ms = latency_stats("itl", itl * 1000)
+    assert any(in_ms[k] != expected[k] for k in in_ms)
+
+
+def test_goodput_compares_the_limit_in_seconds_as_vllm():
+    """vLLM counts a request good when ``slo_ms / 1000 >= value_s``: at 394.3 ms a TTFT
+    of 0.39430000000000004 s is over the limit, though its value in ms (394.3) is not."""
+    ttft = 0.39430000000000004
+    assert ttft * 1000.0 <= 394.3 and not 394.3 / 1000 >= ttft
+    requests = make_requests([(0.0, 0.0, ttft, 1.0, 12, 4, 0, 0, "completed"),
+                              (0.0, 0.0, 0.25, 1.0, 12, 4, 0, 0, "completed")])
+    s = summarize(requests, STEPS, np.array([0.25]), num_gpu_blocks=1, slo={"ttft_ms": 394.3})
+    assert s["request_goodput"] == 1 / s["duration"]

@@ -21,14 +21,48 @@ SCENARIO = {
 
 
 def test_itl_is_every_gap_of_every_completed_request_in_order():
-    def req(times, status=RequestStatus.FINISHED):
-        return SimpleNamespace(token_times=times, status=status)
+    def req(index, times, status=RequestStatus.FINISHED, arrival=0.0):
+        return SimpleNamespace(token_times=times, status=status, arrival_time=arrival, index=index)
 
-    done = [req([0.0, 0.5, 0.75]), req([1.0]), req([2.0, 2.1], RequestStatus.FAILED),
-            req([3.0, 3.25, 3.5, 4.0]), req([])]
-    expected = np.concatenate([np.diff([0.0, 0.5, 0.75]), np.diff([3.0, 3.25, 3.5, 4.0])])
+    # Finished in this order; pooled by arrival, then by the workload's order.
+    done = [req(3, [3.0, 3.25, 3.5, 4.0]), req(1, [1.0]), req(2, [2.0, 2.1], RequestStatus.FAILED),
+            req(0, [0.0, 0.5, 0.75]), req(4, []), req(5, [0.1, 0.3], arrival=-1.0)]
+    expected = np.concatenate([np.diff([0.1, 0.3]), np.diff([0.0, 0.5, 0.75]),
+                               np.diff([3.0, 3.25, 3.5, 4.0])])
     np.testing.assert_array_equal(itl_seconds(done), expected)
-    assert itl_seconds([req([1.0])]).shape == (0,)
+    assert itl_seconds([req(0, [1.0])]).shape == (0,)
+
+
+def test_simultaneous_arrivals_keep_the_workloads_order_as_vllm_bench_serve():
+    """Every request arrives at t = 0: requests.csv lists them in the workload's order (not
+    the order they finished in), and every statistic is vLLM's ``calculate_metrics``
+    over the lists in that order, bit for bit (``np.mean(ttfts) * 1000``, ...)."""
+    from kvsim.metrics.bench_json import per_request_itls
+
+    sc = {**SCENARIO, "workload": {**SCENARIO["workload"], "num_requests": 120,
+                                   "arrival": {"type": "all_at_once"}}}
+    result = kvsim.simulate(sc)
+    req = result.requests
+    assert list(req["request_id"]) == [f"r{i}" for i in range(120)]
+    finish_order = np.argsort(req["finish_time_s"].to_numpy(), kind="stable")
+    assert (finish_order != np.arange(120)).any()        # (they did not finish in that order)
+    ttfts = (req["first_token_time_s"] - req["arrival_time_s"]).tolist()
+    e2els = (req["finish_time_s"] - req["arrival_time_s"]).tolist()
+    n_out = req["num_output_tokens"].tolist()
+    tpots = [(e - t) / (k - 1) for e, t, k in zip(e2els, ttfts, n_out) if k > 1]
+    gaps = per_request_itls(req, result.steps, result.itl_s)
+    itls = [g for request_gaps in gaps for g in request_gaps]
+    np.testing.assert_array_equal(result.itl_s, itls)
+    s = result.summary
+    for metric, xs in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
+        assert s[f"mean_{metric}_ms"] == np.mean(xs) * 1000, metric
+        assert s[f"median_{metric}_ms"] == np.median(xs) * 1000, metric
+        assert s[f"std_{metric}_ms"] == np.std(xs) * 1000, metric
+        assert s[f"p90_{metric}_ms"] == np.percentile(xs, 90) * 1000, metric
+        assert s[f"p99_{metric}_ms"] == np.percentile(xs, 99) * 1000, metric
+    # The order matters in the last bits: pooled as the requests finished, the gaps'
+    # mean is another float.
+    assert np.mean([g for i in finish_order for g in gaps[i]]) != np.mean(itls)
 
 
 def test_written_files_are_the_tables_as_pandas_writes_them(tmp_path):
@@ -65,7 +99,7 @@ def test_requests_table_has_the_types_pandas_infers_from_the_fields():
     from kvsim.scenario.result import _REQUEST_FIELDS, requests_frame
 
     def req(i, arrival, status=RequestStatus.FINISHED, reason=""):
-        return SimpleNamespace(request_id=f"r{i}", arrival_time=arrival, queued_time=arrival,
+        return SimpleNamespace(request_id=f"r{i}", index=i, arrival_time=arrival, queued_time=arrival,
                                scheduled_time=float("nan"), first_token_time=arrival + 1.0,
                                finish_time=arrival + 2.0, prompt_len=10 + i, num_output_tokens=3,
                                num_cached_tokens=-1 if i % 2 else 16, num_preemptions=0,

@@ -206,8 +206,8 @@ def good_mask(latencies_s: Mapping[str, np.ndarray], slo: Mapping[str, float]) -
     """Which requests meet every SLO (vLLM goodput: ``slo >= value``, all must hold)."""
     good = np.ones(len(latencies_s["ttft_s"]), dtype=bool)
     for key, limit_ms in slo.items():
-        values_ms = latencies_s[key.replace("_ms", "_s")] * 1000.0
-        good &= values_ms <= limit_ms
+        # As vLLM compares: the limit in seconds (``slo / 1000 >= value``), not the value in ms.
+        good &= latencies_s[key.replace("_ms", "_s")] <= limit_ms / 1000
     return good
 
 
@@ -241,22 +241,26 @@ def latency_stats(metric: str, values_ms: np.ndarray, *, reorder: bool = False,
 
 
 def scaled_latency_stats(metric: str, values: np.ndarray, scale: float) -> dict[str, float]:
-    """``latency_stats(metric, values * scale)`` (``values``: a 1-d float array, in
-    seconds for a scale of 1000). The scaled values are one temporary, made
-    twice (the standard deviation's deviations overwrite it); from
-    ``chunked_stats.MIN_VALUES`` values on (a fleet's gaps, tens of millions)
-    they are made a chunk at a time instead (kvsim/metrics/chunked_stats.py),
-    the same floats."""
+    """Each statistic of ``values`` (a 1-d float array, in seconds for a scale of
+    1000), times ``scale``: vLLM's ``calculate_metrics`` arithmetic
+    (``np.mean(ttfts) * 1000``, ``np.percentile(itls, 99) * 1000``, ...; in
+    vllm/benchmarks/serve.py), the same floats, not the statistics of the
+    values in ms (which differ in the last bits). One copy of the values is
+    the scratch (the standard deviation's deviations overwrite it, then the
+    order statistics partition it); from ``chunked_stats.MIN_VALUES`` values
+    on (a fleet's gaps, tens of millions) a chunk at a time instead
+    (kvsim/metrics/chunked_stats.py), the same floats."""
     values = np.ascontiguousarray(values, dtype=float)
-    if len(values) < chunked_stats.MIN_VALUES:
-        return latency_stats(metric, values * scale, reorder=True,
-                             remake=lambda out: np.multiply(values, scale, out=out))
-    if len(values) == 0:                             # (MIN_VALUES patched to 0 by a test)
+    if len(values) == 0:
         return {f"{stat}_{metric}_ms": NAN for stat in STATISTICS}
+    if len(values) < chunked_stats.MIN_VALUES:
+        stats = latency_stats(metric, np.array(values), reorder=True,
+                              remake=lambda out: np.copyto(out, values))
+        return {key: value * scale for key, value in stats.items()}
     plan = QuantileRanks(len(values))
-    mean, std, found = chunked_stats.scaled_mean_std_ranks(values, scale, plan.ranks)
+    mean, std, found = chunked_stats.scaled_mean_std_ranks(values, 1.0, plan.ranks)
     if found is None:                                # a NaN among the values
-        return _latency_dict(metric, mean, std, NAN, NAN, NAN)
+        return _latency_dict(metric, mean * scale, std * scale, NAN, NAN, NAN)
     n = len(values)
 
     def value_at(rank):
@@ -264,7 +268,7 @@ def scaled_latency_stats(metric: str, values: np.ndarray, scale: float) -> dict[
             return np.array([found[r % n] for r in rank.tolist()], dtype=float)
         return found[rank]
 
-    return _latency_dict(metric, mean, std, *plan.quantiles(value_at))
+    return _latency_dict(metric, *(x * scale for x in (mean, std, *plan.quantiles(value_at))))
 
 
 def _latency_dict(metric: str, mean: float, std: float, median: float, p90: float,

@@ -66,15 +66,27 @@ _REQUEST_FIELDS = {
 _read_request = attrgetter(*(_REQUEST_FIELDS[c] for c in REQUEST_COLUMNS))
 
 
+_arrival_then_input = attrgetter("arrival_time", "index")
+
+
+def in_arrival_order(done: list[Request]) -> list[Request]:
+    """The requests by arrival time, then in the workload's order (``Request.index``):
+    the order of requests.csv and of the gaps ``itl_seconds`` pools, which is the
+    order ``vllm bench serve`` lists its outputs in (it sends them in that order,
+    and its ``np.mean(ttfts)`` sums them in it: with simultaneous arrivals, the
+    order the requests finished in would change the last bits)."""
+    return sorted(done, key=_arrival_then_input)
+
+
 def requests_frame(done: list[Request]) -> pd.DataFrame:
+    """One row per request, in ``in_arrival_order``."""
     # One C-level pass reads every request's fields; zip turns the rows into columns.
-    columns = list(zip(*map(_read_request, done))) or [()] * len(REQUEST_COLUMNS)
+    columns = list(zip(*map(_read_request, in_arrival_order(done)))) or [()] * len(REQUEST_COLUMNS)
     rows = dict(zip(REQUEST_COLUMNS, columns))
     rows["num_cached_tokens"] = [c if c > 0 else 0 for c in rows["num_cached_tokens"]]
     failed = RequestStatus.FAILED
     rows["status"] = ["failed" if st is failed else "completed" for st in rows["status"]]
-    df = pd.DataFrame({c: _column(v) for c, v in rows.items()}, columns=REQUEST_COLUMNS)
-    return df.sort_values(["arrival_time_s"], kind="stable").reset_index(drop=True)
+    return pd.DataFrame({c: _column(v) for c, v in rows.items()}, columns=REQUEST_COLUMNS)
 
 
 def _column(values) -> np.ndarray | list:
@@ -107,13 +119,14 @@ def steps_csv_ahead(sc: LoadedScenario) -> RowsAhead | None:
 
 
 def itl_seconds(done: list[Request]) -> np.ndarray:
-    """Every gap between consecutive streamed messages of each completed request, request by request.
+    """Every gap between consecutive streamed messages of each completed request, request
+    by request in ``in_arrival_order`` (requests.csv's rows), as vLLM's ``itls += output.itl``.
 
     Tokens that reach the client at the same time are one message and add no
     gap (several tokens per step, ``stream_interval``: ``kvsim.sim.client``),
     as ``vllm bench serve`` counts one ITL per message after the first.
     """
-    times = [r.token_times for r in done
+    times = [r.token_times for r in in_arrival_order(done)
              if r.status is not RequestStatus.FAILED and len(r.token_times) > 1]
     if not times:
         return np.zeros(0)
