@@ -115,24 +115,31 @@ def test_staged_files_keep_their_temporary_names_until_committed(tmp_path):
     assert (tmp_path / "x.csv").read_text() == "x\n" and not staged[0][0].exists()
 
 
-def test_kvsim_run_writes_the_files_of_one_process(tmp_path, monkeypatch):
+@pytest.fixture
+def forked(monkeypatch):
+    """Whether each FilesApart made runs a child (True) or will run its job here."""
+    from kvsim.scenario import outputs
+
+    seen = []
+    init = outputs.FilesApart.__init__
+
+    def spy(self, *a, **k):
+        init(self, *a, **k)
+        seen.append(self._pid is not None)
+    monkeypatch.setattr(outputs.FilesApart, "__init__", spy)
+    return seen
+
+
+def test_kvsim_run_writes_the_files_of_one_process(tmp_path, forked):
     """The CLI's metrics.csv and bench_serve.json come from a child: the same bytes as
     the result's files written one after the other in one process."""
     import yaml
 
     from kvsim.cli import main
-    from kvsim.scenario import outputs
     from kvsim.vllm_outputs import write_vllm_outputs
 
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(BASE))
-    forked = []
-    init = outputs.FilesApart.__init__
-
-    def spy(self, *a, **k):
-        init(self, *a, **k)
-        forked.append(self._pid is not None)
-    monkeypatch.setattr(outputs.FilesApart, "__init__", spy)
     assert main(["run", str(path), "--out", str(tmp_path / "a"), "--json"]) == 0
     assert forked == [True]
     result = simulate(load_scenario(str(path)))
@@ -144,7 +151,7 @@ def test_kvsim_run_writes_the_files_of_one_process(tmp_path, monkeypatch):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
 
 
-def test_a_streaming_run_forks_no_child(tmp_path, monkeypatch, capsys):
+def test_a_streaming_run_forks_no_child(tmp_path, forked, capsys):
     """metrics: {streaming: true} keeps no tables, so metrics.csv and bench_serve.json are not
     made: no child is forked to make nothing, and the run says why they are missing."""
     import copy
@@ -152,19 +159,11 @@ def test_a_streaming_run_forks_no_child(tmp_path, monkeypatch, capsys):
     import yaml
 
     from kvsim.cli import main
-    from kvsim.scenario import outputs
 
     data = copy.deepcopy(BASE)
     data.setdefault("metrics", {})["streaming"] = True
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump(data))
-    forked = []
-    init = outputs.FilesApart.__init__
-
-    def spy(self, *a, **k):
-        init(self, *a, **k)
-        forked.append(self._pid is not None)
-    monkeypatch.setattr(outputs.FilesApart, "__init__", spy)
     assert main(["run", str(path), "--out", str(tmp_path / "a")]) == 0
     assert forked == [False]
     assert "metrics.csv and bench_serve.json need the per-request" in capsys.readouterr().err
