@@ -21,14 +21,15 @@ from kvsim.sim.gc_pause import collector_paused
 # name -> (module with add_parser, one-line help)
 COMMANDS = {
     "run": ("kvsim.scenario.cli", "simulate one scenario; write summary.json, requests.csv, steps.csv"),
-    "sweep": ("kvsim.scenario.sweep_cli", "run every point of a scenario's sweep; write results.csv"),
+    "sweep": ("kvsim.scenario.sweep_cli", "run every point of a scenario's sweep section; write DIR/results.csv"),
     "plot": ("kvsim.plots_cli", "draw a figure from a run folder or a sweep's results.csv"),
-    "capacity": ("kvsim.specs.cli", "KV-cache capacity of a model on a GPU (as vLLM sizes it)"),
-    "calibrate": ("kvsim.cost.cli", "fit cost-model profiles to measurements; calibration report"),
+    "capacity": ("kvsim.specs.cli", "KV-cache size of a model on a GPU (vLLM's sizing)"),
+    "calibrate": ("kvsim.cost.cli", "fit cost-model profiles; write the calibration report"),
     "report": ("kvsim.reports.cli", "known-result reports: out/reports/ (reports/ with --update-reports)"),
-    "plan": ("kvsim.plan", "capacity planning: highest rate meeting SLOs per GPU candidate"),
+    "plan": ("kvsim.plan", "capacity planning: highest rate meeting SLOs per GPU candidate, "
+                           "or the fewest replicas per router (--router)"),
     "bench": ("kvsim.bench", "speed benchmarks: out/performance.md (reports/ with --update-reports)"),
-    "view": ("kvsim.view", "one self-contained HTML page of a run or a sweep folder"),
+    "view": ("kvsim.view", "one self-contained HTML page of a run, sweep or plan folder"),
     "schema": ("kvsim.schema_cli", "print the scenario JSON Schema (for editors)"),
 }
 
@@ -46,6 +47,8 @@ class UserError(Exception):
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of ``only``'s command, the others named with their one line of help
+    (``only=""``: every command so, none of their modules imported); None: every command's."""
     parser = argparse.ArgumentParser(
         prog="kvsim",
         description="Simulate KV-cache management and scheduling of LLM serving engines.",
@@ -75,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str], only: str | None, as_program: bool) -> int:
-    parser = build_parser(only)
+    # No command named (`kvsim --help`, a typo): its list needs no command's module
+    # (importing them all, pandas and matplotlib among them, took ~1 s).
+    parser = build_parser("" if only is None else only)
     if only is None:
         parser.print_help() if not argv or argv[0] in ("-h", "--help") else parser.parse_args(argv)
         return 0 if argv and argv[0] in ("-h", "--help") else 2

@@ -96,3 +96,20 @@ def test_a_ctrl_c_wrapped_by_a_lazy_import_ends_the_run_as_an_interrupt(monkeypa
     assert "interrupted (Ctrl-C); no file was left half-written" in err
     assert "Traceback" not in err
     assert not list(tmp_path.glob("out/*"))              # nothing written
+
+
+def test_the_command_list_imports_no_command_and_says_what_each_module_says():
+    """``kvsim --help`` (or no command, or a typo) lists the commands with COMMANDS' one
+    line each, importing none of their modules: the same text as the parser every
+    command's module builds."""
+    from kvsim.cli import build_parser
+
+    code = ("import sys; from kvsim.cli import main; code = main(['--help']); "
+            "print(sorted(m for m in sys.modules if m.startswith(('pandas', 'matplotlib', 'kvsim.'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    *text, imported = done.stdout.splitlines()
+    assert imported == "['kvsim.cli', 'kvsim.sim', 'kvsim.sim.gc_pause']"
+    assert "\n".join(text) + "\n" == build_parser().format_help()
+    typo = kvsim("bogus")
+    assert typo.returncode == 2 and "invalid choice: 'bogus'" in typo.stderr
