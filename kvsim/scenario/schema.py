@@ -25,6 +25,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from kvsim.scenario.dotted import EXAMPLE, join_path, list_item_problem, split_path
 from kvsim.scenario.yamlio import YamlError, load_yaml, read_yaml_file
 from kvsim.specs.parallel import ALL2ALL_BACKENDS
 
@@ -269,17 +270,30 @@ def _allowed_keys(loc: tuple) -> list[str]:
 
 
 def set_dotted(d: dict, path: str, value: Any) -> None:
-    """Set ``a.b.c`` in nested dicts, creating intermediate mappings."""
-    keys = path.split(".")
-    cur = d
-    for k in keys[:-1]:
-        nxt = cur.get(k)
-        if nxt is None:
+    """Set ``a.b.c`` in nested dicts, creating intermediate mappings; ``a.b[1].c``
+    enters item 1 of the list ``a.b``, which must be there (kvsim/scenario/dotted.py)."""
+    parts = split_path(path)
+    if parts is None:
+        raise ScenarioError(f"{path}: not a dotted path like {EXAMPLE}")
+    cur: Any = d
+    for depth, k in enumerate(parts):
+        if isinstance(k, int):
+            problem = list_item_problem(cur, k, join_path(parts[:depth]))
+            if problem:
+                raise ScenarioError(f"{path}: {problem}")
+        if depth == len(parts) - 1:
+            cur[k] = value
+            return
+        nxt = cur[k] if isinstance(k, int) else cur.get(k)
+        if isinstance(parts[depth + 1], int):
+            cur = nxt                             # (a list, checked at its index)
+            continue
+        if nxt is None and isinstance(k, str):
             nxt = cur[k] = {}
         elif not isinstance(nxt, dict):
-            raise ScenarioError(f"{path}: cannot set inside {k!r}, which is {nxt!r}, not a mapping")
+            name = k if isinstance(k, str) else join_path(parts[:depth + 1])
+            raise ScenarioError(f"{path}: cannot set inside {name!r}, which is {nxt!r}, not a mapping")
         cur = nxt
-    cur[keys[-1]] = value
 
 
 def parse_overrides(items: list[str] | None) -> list[tuple[str, Any]]:
@@ -334,8 +348,9 @@ def read_scenario_dict(path_or_dict: str | Path | dict, *, overrides=None) -> tu
         base = path.parent.resolve()
     data = _expand_vllm_args(data)
     for key, value in overrides or ():
-        if key.split(".")[0] not in SECTIONS:
-            raise ScenarioError(f"{key}: unknown section {key.split('.')[0]!r}; "
+        section = (split_path(key) or [key.split(".")[0]])[0]
+        if section not in SECTIONS:
+            raise ScenarioError(f"{key}: unknown section {section!r}; "
                                 f"allowed: {', '.join(SECTIONS)}")
         set_dotted(data, key, value)
     return data, base

@@ -42,6 +42,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from kvsim.scenario.dotted import EXAMPLE, join_path, list_item_problem, split_path
+
 # The scenario's top-level sections (the contract of kvsim.scenario.schema);
 # used when the schema module cannot be imported.
 SCENARIO_SECTIONS = ("name", "seed", "model", "hardware", "engine", "cost_model", "workload", "slo")
@@ -99,8 +101,8 @@ def _check_values(where: str, values: Any) -> list:
 
 
 def _check_path(where: str, path: Any) -> str:
-    if not isinstance(path, str) or not all(path.split(".")):
-        raise SweepError(f"{where}: {_show(path)} is not a dotted path like engine.block_size")
+    if split_path(path) is None:
+        raise SweepError(f"{where}: {_show(path)} is not a dotted path like {EXAMPLE}")
     if path == "seed":
         raise SweepError(f"{where}: the seed is swept by `repeat: N` (seeds seed+0 .. seed+N-1), not by a list")
     if path.split(".")[0] == "sweep":
@@ -140,9 +142,11 @@ def _parse_spec(section: Any) -> _SweepSpec:
 
     swept = [(f"sweep.{kind}.{p}", p) for kind in ("zip", "grid") for p in lists[kind]]
     for (where_a, a), (where_b, b) in itertools.combinations(swept, 2):
-        if a == b:
+        parts_a, parts_b = split_path(a), split_path(b)
+        if parts_a == parts_b:
             raise SweepError(f"{where_b}: also swept as {where_a}; sweep each key once")
-        if b.startswith(a + ".") or a.startswith(b + "."):
+        n = min(len(parts_a), len(parts_b))
+        if parts_a[:n] == parts_b[:n]:            # (cluster.pools and cluster.pools[0].replicas too)
             raise SweepError(f"{where_b}: overlaps {where_a}; sweep a key or its parent, not both")
 
     repeat = section.get("repeat", 1)
@@ -166,11 +170,15 @@ def set_dotted(scenario: dict, path: str, value: Any, *, where: str,
     Creates nothing but a missing top-level section from ``sections`` (see the
     module docstring); ``where`` names the input in error messages.
     """
-    parts = path.split(".")
-    node = scenario
+    parts = split_path(path)
+    node: Any = scenario
     for depth, key in enumerate(parts[:-1]):
-        prefix = ".".join(parts[: depth + 1])
-        if key not in node:
+        prefix = join_path(parts[: depth + 1])
+        if isinstance(key, int):                  # an item of the list at hand (kvsim/scenario/dotted.py)
+            problem = list_item_problem(node, key, join_path(parts[:depth]))
+            if problem:
+                raise SweepError(f"{where}: {problem}")
+        elif key not in node:
             if depth == 0 and key in sections:
                 node[key] = {}
             elif depth == 0:
@@ -178,12 +186,19 @@ def set_dotted(scenario: dict, path: str, value: Any, *, where: str,
             else:
                 raise SweepError(f"{where}: {prefix} is not in the scenario; "
                                  f"the parent of a swept key must exist (keys of "
-                                 f"{'.'.join(parts[:depth])}: {', '.join(map(str, node)) or 'none'})")
+                                 f"{join_path(parts[:depth])}: {', '.join(map(str, node)) or 'none'})")
+        if isinstance(parts[depth + 1], int):
+            node = node[key]                      # (a list: checked at its index)
+            continue
         if not isinstance(node[key], dict):
             raise SweepError(f"{where}: {prefix} is {_show(node[key])}, not a mapping; "
                              f"sweep {prefix} itself, or write it out as a mapping")
         node = node[key]
     leaf = parts[-1]
+    if isinstance(leaf, int):
+        problem = list_item_problem(node, leaf, join_path(parts[:-1]))
+        if problem:
+            raise SweepError(f"{where}: {problem}")
     if len(parts) == 1 and leaf not in scenario and leaf not in sections:
         raise SweepError(f"{where}: {leaf} is not a scenario section; allowed: {', '.join(sections)}")
     node[leaf] = value
@@ -306,19 +321,38 @@ def schema_path_error(root_model, path: str) -> str | None:
     allows extra keys; the loader judges the rest.
     """
     models = [root_model]
-    parts = path.split(".")
+    parts = split_path(path) or []
+    annotations: list = []
     for depth, key in enumerate(parts):
+        if isinstance(key, int):
+            # An item of a list field: the models its items may be (set_dotted checks the index).
+            items = [a for a in annotations if typing.get_origin(a) is list]
+            models = [m for a in items for m in _models_in(typing.get_args(a)[0])]
+            if not models:
+                return None
+            continue
         if any(m.model_config.get("extra") == "allow" for m in models):
             return None
         found = [_field_names(m)[key] for m in models if key in _field_names(m)]
         if not found:
             allowed = sorted({n for m in models for n in m.model_fields})
-            section = ".".join(parts[:depth]) or "the scenario"
+            section = join_path(parts[:depth]) or "the scenario"
             return f"{section} has no key {key!r}; allowed: {', '.join(allowed)}"
+        annotations = [a for field in found for a in _list_or_model(field.annotation)]
         models = [m for field in found for m in _models_in(field.annotation)]
-        if not models:
+        if not models and not (depth + 1 < len(parts) and isinstance(parts[depth + 1], int)):
             return None
     return None
+
+
+def _list_or_model(annotation: Any) -> list:
+    """The annotations a field may hold, through Optional, Union and Annotated."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _list_or_model(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [a for arg in typing.get_args(annotation) for a in _list_or_model(arg)]
+    return [annotation]
 
 
 def load_point(scenario: dict, *, base_dir: str | os.PathLike | None = None):
