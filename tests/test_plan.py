@@ -330,3 +330,29 @@ def test_kvsim_plan_on_ctrl_c_exits_130_with_one_line_and_a_rerun_resumes(tmp_pa
     import json
     ids = [json.loads(x)["probe_id"] for x in lines if x.strip().endswith("}")]
     assert len(ids) == len(set(ids)) and len(ids) >= kept       # nothing kept was simulated again
+
+
+def test_a_plans_files_are_written_all_or_none(tmp_path):
+    """plan.csv, plan.png and runs/*.yaml are staged and renamed together: a file that cannot
+    be written (a full disk) leaves the earlier plan's files as they were, and no temporary one."""
+    from kvsim.plan.output import _write_plan_files
+    from kvsim.scenario.outputs import OutputError
+
+    class Figure:
+        def __init__(self, fail):
+            self.fail = fail
+
+        def savefig(self, path, **options):
+            assert options == {"dpi": 110, "format": "png"}
+            if self.fail:
+                raise OSError(28, "No space left on device")
+            path.write_bytes(b"png")
+
+    table = pd.DataFrame({"candidate": ["a"], "max_rate_req_s": [1.5]})
+    _write_plan_files(tmp_path, table, Figure(False), {"a": "name: a\n", "b": "name: b\n"})
+    before = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert set(map(str, before)) == {"plan.csv", "plan.png", "runs/a.yaml", "runs/b.yaml"}
+    with pytest.raises(OutputError, match=r"cannot write .*plan\.png: No space left on device"):
+        _write_plan_files(tmp_path, table.assign(max_rate_req_s=[9.0]), Figure(True), {"a": "name: new\n"})
+    after = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert after == before

@@ -50,11 +50,8 @@ def write_outputs(rows: list[dict], plan: Plan, out_dir: str | os.PathLike) -> P
     if plan.fleet is not None:                 # kvsim/plan/fleet.py
         write_fleet_outputs(rows, plan, out_dir)
         return Path(out_dir)
-    out = Path(out_dir)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
     table = pd.DataFrame(rows, columns=CSV_COLUMNS)
-    table.to_csv(out / "plan.csv", index=False)
-    plots.plan_goodput(table, title=plan.base.get("name")).savefig(out / "plan.png", dpi=110)
+    runs = {}
     for cand, row in zip(plan.candidates, rows):
         if row["status"] not in ("ok", "capped"):
             continue
@@ -62,11 +59,27 @@ def write_outputs(rows: list[dict], plan: Plan, out_dir: str | os.PathLike) -> P
         scenario["name"] = f"{plan.base.get('name', 'plan')} {cand.label}"
         if "workload" in scenario:  # relative paths in it must still resolve from runs/
             scenario["workload"] = _absolute_paths(scenario["workload"], plan.base_dir)
-        with open(out / "runs" / f"{_file_name(cand.label)}.yaml", "w", encoding="utf-8") as f:
-            f.write(f"# kvsim plan: {cand.label} at its max rate for seed {plan.seeds[0]}; "
-                    f"the SLOs fail at {row['seed0_fails_at_rate_req_s']} req/s\n")
-            yaml.safe_dump(scenario, f, sort_keys=False)
-    return out
+        runs[_file_name(cand.label)] = (
+            f"# kvsim plan: {cand.label} at its max rate for seed {plan.seeds[0]}; "
+            f"the SLOs fail at {row['seed0_fails_at_rate_req_s']} req/s\n"
+            + yaml.safe_dump(scenario, sort_keys=False))
+    _write_plan_files(Path(out_dir), table, plots.plan_goodput(table, title=plan.base.get("name")), runs)
+    return Path(out_dir)
+
+
+def _write_plan_files(out: Path, table, figure, runs: dict[str, str]) -> None:
+    """``plan.csv``, ``plan.png`` and ``runs/<name>.yaml``, all or none: each is written
+    under a temporary name, and renamed once every one is (scenario/outputs.write_files),
+    so an error or Ctrl-C leaves an earlier plan's files as they were."""
+    from kvsim.scenario.outputs import write_files
+
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    writers = {out / "plan.csv": lambda path: table.to_csv(path, index=False),
+               # (the format named: the temporary name's suffix is not .png)
+               out / "plan.png": lambda path: figure.savefig(path, dpi=110, format="png")}
+    for name, text in runs.items():
+        writers[out / "runs" / f"{name}.yaml"] = lambda path, text=text: path.write_text(text, encoding="utf-8")
+    write_files(writers)
 
 
 def _file_name(label: str) -> str:
@@ -115,12 +128,9 @@ def write_fleet_outputs(rows: list[dict], plan, out_dir) -> None:
 
     from kvsim.plots_fleet import fleet_plan_gpus
 
-    out = Path(out_dir)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
     columns = [*FLEET_COLUMNS, *plan.slo_ms]
     table = pd.DataFrame(rows, columns=columns)
-    table.to_csv(out / "plan.csv", index=False)
-    fleet_plan_gpus(table, title=plan.base.get("name")).savefig(out / "plan.png", dpi=110)
+    runs = {}
     for row in rows:
         if row["status"] != "ok":
             continue
@@ -131,10 +141,10 @@ def write_fleet_outputs(rows: list[dict], plan, out_dir) -> None:
         scenario["name"] = f"{plan.base.get('name', 'plan')} {cand.label} {row['router']}"
         if "workload" in scenario:
             scenario["workload"] = _absolute_paths(scenario["workload"], plan.base_dir)
-        name = _file_name(f"{cand.label}_{row['router']}")
-        with open(out / "runs" / f"{name}.yaml", "w", encoding="utf-8") as f:
-            fails = row["fails_at_replicas"]
-            f.write(f"# kvsim plan: {cand.label}, {row['replicas']} replicas behind {row['router']} at "
-                    f"{plan.target_rate_req_s:g} req/s (seed {plan.seeds[0]})"
-                    + (f"; the SLOs fail with {fails}\n" if fails else "\n"))
-            yaml.safe_dump(scenario, f, sort_keys=False)
+        fails = row["fails_at_replicas"]
+        runs[_file_name(f"{cand.label}_{row['router']}")] = (
+            f"# kvsim plan: {cand.label}, {row['replicas']} replicas behind {row['router']} at "
+            f"{plan.target_rate_req_s:g} req/s (seed {plan.seeds[0]})"
+            + (f"; the SLOs fail with {fails}\n" if fails else "\n")
+            + yaml.safe_dump(scenario, sort_keys=False))
+    _write_plan_files(Path(out_dir), table, fleet_plan_gpus(table, title=plan.base.get("name")), runs)
