@@ -324,7 +324,7 @@ def add_parser(subparsers) -> None:
         description="Write one HTML page (inline CSS, figures as inline PNGs, no server, no CDN) "
                     "of a `kvsim run --out DIR`, `kvsim sweep --out DIR` or `kvsim plan --out DIR` folder; "
                     "prints its path.")
-    p.add_argument("folder", metavar="RUN_OR_SWEEP_DIR", type=Path)
+    p.add_argument("folder", metavar="DIR", type=Path, help="the folder of a run, a sweep or a plan")
     p.add_argument("--out", type=Path, metavar="FILE.html", help="default: DIR/index.html")
     p.set_defaults(func=view_command)
 
@@ -334,7 +334,7 @@ def view_command(args: argparse.Namespace) -> int:
 
     page = render_view(args.folder)
     out = args.out or args.folder / "index.html"
-    option = "--out" if args.out else "RUN_OR_SWEEP_DIR"
+    option = "--out" if args.out else "DIR"
     check_output_file(out, option=option)
     with atomic_open(out, option=option) as f:  # an old page stays whole if this fails
         f.write(page)
