@@ -26,7 +26,9 @@ schema section left out of the file (``slo``, say), which starts empty because
 the loader fills in its defaults. The key itself may be absent (a default the
 user never wrote); whether it exists is checked against the pydantic schema
 (when ``kvsim.scenario.schema`` is importable) and by loading every point
-before anything runs.
+before anything runs. An index names an item of a list the scenario holds
+(``cluster.pools[0].replicas``, kvsim/scenario/dotted.py); a list and one of
+its items are not swept together.
 """
 
 from __future__ import annotations
