@@ -295,14 +295,17 @@ def _schema_sections() -> tuple[str, ...]:
 def _models_in(annotation: Any) -> list:
     """The pydantic models a field annotation may hold (through Optional, Union, Annotated)."""
     from pydantic import BaseModel
+    return [a for a in _alternatives(annotation) if isinstance(a, type) and issubclass(a, BaseModel)]
+
+
+def _alternatives(annotation: Any) -> list:
+    """The annotations a field may hold, through Optional, Union and Annotated."""
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
-        return _models_in(typing.get_args(annotation)[0])
+        return _alternatives(typing.get_args(annotation)[0])
     if origin in (typing.Union, types.UnionType):
-        return [m for arg in typing.get_args(annotation) for m in _models_in(arg)]
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return [annotation]
-    return []
+        return [a for arg in typing.get_args(annotation) for a in _alternatives(arg)]
+    return [annotation]
 
 
 def _field_names(model) -> dict[str, Any]:
@@ -340,21 +343,12 @@ def schema_path_error(root_model, path: str) -> str | None:
             allowed = sorted({n for m in models for n in m.model_fields})
             section = join_path(parts[:depth]) or "the scenario"
             return f"{section} has no key {key!r}; allowed: {', '.join(allowed)}"
-        annotations = [a for field in found for a in _list_or_model(field.annotation)]
+        annotations = [a for field in found for a in _alternatives(field.annotation)]
         models = [m for field in found for m in _models_in(field.annotation)]
         if not models and not (depth + 1 < len(parts) and isinstance(parts[depth + 1], int)):
             return None
     return None
 
-
-def _list_or_model(annotation: Any) -> list:
-    """The annotations a field may hold, through Optional, Union and Annotated."""
-    origin = typing.get_origin(annotation)
-    if origin is typing.Annotated:
-        return _list_or_model(typing.get_args(annotation)[0])
-    if origin in (typing.Union, types.UnionType):
-        return [a for arg in typing.get_args(annotation) for a in _list_or_model(arg)]
-    return [annotation]
 
 
 def load_point(scenario: dict, *, base_dir: str | os.PathLike | None = None):
