@@ -139,7 +139,13 @@ def _run(seed: int, steps: int = 250) -> None:
             order = blocks[::-1] if rng.random() < 0.8 else list(blocks)
             if rng.random() < 0.1:
                 order.append(NULL_BLOCK_ID)
-            pool.free_blocks(iter(order) if rng.random() < 0.5 else order)
+            unhashed = [ref.block_hash[b] is None for b in order]
+            k = unhashed.index(False) if False in unhashed else len(order)
+            if not any(unhashed[k:]) and rng.random() < 0.5:
+                # A request's blocks, the unhashed first (A4): some may be shared.
+                pool.free_request_blocks(order, k)
+            else:
+                pool.free_blocks(iter(order) if rng.random() < 0.5 else order)
             ref.free_blocks(order)
         elif op < 0.75 and held:
             blocks = held[rng.randrange(len(held))]
@@ -149,6 +155,17 @@ def _run(seed: int, steps: int = 250) -> None:
             if all(ref.block_hash[b] is None for b in blocks[lo:hi]):   # A4 caches new blocks only
                 pool.cache_full_blocks(blocks, hashes, lo, hi)
                 ref.cache_full_blocks(blocks, hashes, lo, hi)
+        elif op < 0.83 and held:
+            # A request that hit another's prefix, then took new blocks: freed, its
+            # new blocks reach 0 and the prefix, still held by the other, does not.
+            prefix = held[rng.randrange(len(held))]
+            prefix = prefix[:rng.randint(1, len(prefix))]
+            k = rng.randint(0, min(len(ref.free_queue()), 6))
+            pool.touch(prefix)
+            ref.touch(prefix)
+            got = pool.get_new_blocks(k)
+            assert got == ref.get_new_blocks(k)
+            held.append(prefix + got)
         elif op < 0.9:
             # A prefix hit: touch the block found for a hash plus other hashed blocks.
             b = ref.get_cached_block(rng.randrange(num_hashes))

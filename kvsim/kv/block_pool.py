@@ -63,6 +63,7 @@ from collections.abc import Iterable, Sequence
 from operator import itemgetter
 
 NULL_BLOCK_ID = 0
+_ONE = 1                                  # (its __eq__ finds a ref_cnt other than 1, in C)
 
 
 class BlockPool:
@@ -239,6 +240,12 @@ class BlockPool:
         with ``lifo_unhashed`` the ones without a hash are prepended to the head,
         keeping their order, so they are reused first (vLLM PR #42656).
         """
+        to_tail, to_head = self._drop_references(ordered_blocks)
+        self._requeue(to_tail, to_head)
+
+    def _drop_references(self, ordered_blocks: Iterable[int]) -> tuple[list[int], list[int]]:
+        """``free_blocks``' block-by-block part: each block's ref_cnt less one; those
+        that reach 0, in order, for the tail and (unhashed, with ``lifo_unhashed``) the head."""
         ref, block_hash = self.ref_cnt, self.block_hash
         lifo = self.lifo_unhashed
         to_head: list[int] = []
@@ -255,7 +262,7 @@ class BlockPool:
                 if b != NULL_BLOCK_ID:
                     raise AssertionError(f"block {b}: ref_cnt went negative")
                 ref[b] = 0                        # the null block is never freed nor counted (B2)
-        self._requeue(to_tail, to_head)
+        return to_tail, to_head
 
     def free_request_blocks(self, blocks: list[int], num_unhashed: int, unshared: bool = False) -> None:
         """``free_blocks(blocks)`` (B6, B7) for one request's blocks, tail first,
@@ -269,8 +276,8 @@ class BlockPool:
         first on (A4, ``num_cached_block``). When no block is shared (every
         ref_cnt is 1), all of them reach 0 and go to the queue as two slices,
         the unhashed to the head (with ``lifo_unhashed``) and the rest to the
-        tail, which is what the block-by-block loop does; otherwise it runs
-        (never for a private request's blocks: none is shared).
+        tail, which is what the block-by-block loop does; otherwise
+        ``_free_partly_shared`` (never for a private request's blocks: none is shared).
         """
         n = len(blocks)
         if n == 0:
@@ -282,7 +289,7 @@ class BlockPool:
                 if unshared:
                     raise AssertionError(f"free_request_blocks: blocks {blocks} said unshared "
                                          f"have ref_cnt {refs}")
-                self.free_blocks(blocks)
+                self._free_partly_shared(blocks, num_unhashed, refs)
                 return
         if self.debug:
             # (Debug mode hashes a private request's blocks too: KVCacheManager.)
@@ -296,6 +303,27 @@ class BlockPool:
             self._requeue(blocks[num_unhashed:], blocks[:num_unhashed])
         else:
             self._requeue(blocks, ())
+
+    def _free_partly_shared(self, blocks: list[int], num_unhashed: int, refs: tuple) -> None:
+        """``free_blocks(blocks)`` for a request's blocks of which some are held by
+        another request too (``refs``: their ref_cnt). Those are its prefix, the
+        end of the reversed list (prefix hits): the blocks before the first one
+        whose ref_cnt is not 1 all reach 0 and go to the queue as the slices of
+        ``free_request_blocks``' unshared case; the loop takes the rest, all
+        hashed (the unhashed are the first ``num_unhashed``: when the first held
+        block lies among them, the loop takes every block)."""
+        j = list(map(_ONE.__eq__, refs)).index(False)          # the first block held by another
+        if j < num_unhashed or self.debug:
+            self.free_blocks(blocks)
+            return
+        ref = self.ref_cnt
+        for b in blocks[:j]:
+            ref[b] = 0
+        rest_tail, rest_head = self._drop_references(blocks[j:])   # (rest_head: empty)
+        if self.lifo_unhashed and num_unhashed:
+            self._requeue(blocks[num_unhashed:j] + rest_tail, blocks[:num_unhashed] + rest_head)
+        else:
+            self._requeue(blocks[:j] + rest_tail, rest_head)
 
     def _requeue(self, to_tail: list[int], to_head) -> None:
         """Blocks that reached ref_cnt 0: hashed ones to the tail (B6), unhashed
