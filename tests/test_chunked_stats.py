@@ -104,8 +104,8 @@ def test_summarize_takes_the_chunked_path_for_many_gaps_and_the_same_summary(mon
     itl = np.random.default_rng(5).gamma(2.0, 0.005, 5000)
     before = summarize(requests, steps, itl, num_gpu_blocks=10)
     calls = []
-    real = chunked_stats.scaled_mean_std_ranks
-    monkeypatch.setattr(chunked_stats, "scaled_mean_std_ranks", lambda *a: calls.append(1) or real(*a))
+    real = chunked_stats.mean_std_ranks
+    monkeypatch.setattr(chunked_stats, "mean_std_ranks", lambda *a: calls.append(1) or real(*a))
     monkeypatch.setattr(chunked_stats, "MIN_VALUES", 1000)
     monkeypatch.setattr(chunked_stats, "CHUNK", 300)
     after = summarize(requests, steps, itl, num_gpu_blocks=10)

@@ -1,13 +1,14 @@
 """``latency_stats`` of tens of millions of values without a temporary of their size.
 
-``summary.latency_stats`` takes the mean, the standard deviation, the median,
-p90 and p99 of ``values * scale`` (a run's gaps, in ms). Made whole, the
-scaled values are one more array as large as the gaps, and its order
-statistics a partition of all of it: a fleet's gaps are tens of millions
-(W7: 35 M values, a 280 MB temporary in fresh memory and its partition made
-W7's ``collect_fleet`` 0.9-1.1 s, 0.47-0.53 s without them; the driver's peak
-RSS 1,045 -> 933 MiB). Here the scaled values are made a chunk at a time into
-one scratch of ``CHUNK`` values, and every figure is numpy's, bit for bit
+``summary.scaled_latency_stats`` takes the mean, the standard deviation, the
+median, p90 and p99 of a run's gaps (in seconds; each figure is then scaled
+to ms, as vLLM does). A fleet's gaps are tens of millions (W7: 35 M values):
+numpy's ``std`` makes a temporary as large as them, and the order statistics
+a partition of a copy of all of them (a 280 MB temporary in fresh memory,
+and its partition, made W7's ``collect_fleet`` 0.9-1.1 s, 0.47-0.53 s
+without them; the driver's peak RSS 1,045 -> 933 MiB). Here the values are
+read a chunk at a time, the squared deviations made in one scratch of
+``CHUNK`` values, and every figure is numpy's, bit for bit
 (tests/test_chunked_stats.py checks it against numpy):
 
 * **sums.** numpy adds a contiguous float64 array pairwise
@@ -22,9 +23,9 @@ one scratch of ``CHUNK`` values, and every figure is numpy's, bit for bit
   turns out not to hold its rank (a sample that misleads) costs one full
   copy instead, partitioned as ``summary.median_p90_p99`` does.
 
-The mean and the standard deviation are numpy's ``mean`` and ``std`` of the
-scaled array (the operations of ``summary.std_overwriting``); the order
-statistics feed ``summary``'s own interpolation (``QuantileRanks.quantiles``).
+The mean and the standard deviation are numpy's ``mean`` and ``std`` (the
+operations of ``summary.std_overwriting``); the order statistics feed
+``summary``'s own interpolation (``QuantileRanks.quantiles``).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import math
 
 import numpy as np
 
-# Values scaled at a time: 8 MB of scratch.
+# Values whose squared deviations are made at a time: 8 MB of scratch.
 CHUNK = 1 << 20
 # Below this many values the whole temporary costs little (a run's 2 M gaps: 17 MB).
 MIN_VALUES = 1 << 22
@@ -54,25 +55,20 @@ def tree_sum(n: int, leaf_sum, start: int = 0) -> float:
     return tree_sum(half, leaf_sum, start) + tree_sum(n - half, leaf_sum, start + half)
 
 
-def scaled_mean_std_ranks(values: np.ndarray, scale: float,
-                          ranks: list[int]) -> tuple[float, float, dict[int, float] | None]:
-    """``np.mean(values * scale)``, ``np.std(values * scale)`` and the ``r``-th
-    smallest scaled value for each of ``ranks`` (None when a value is NaN, as
-    ``median_p90_p99`` then returns NaN), for a 1-d float64 ``values``."""
+def mean_std_ranks(values: np.ndarray, ranks: list[int]) -> tuple[float, float, dict[int, float] | None]:
+    """``np.mean(values)``, ``np.std(values)`` and the ``r``-th smallest value for
+    each of ``ranks`` (None when a value is NaN, as ``median_p90_p99`` then
+    returns NaN), for a 1-d contiguous float64 ``values``."""
     n = len(values)
     scratch = np.empty(min(n, CHUNK))
-
-    def scaled(lo: int, m: int) -> np.ndarray:
-        return np.multiply(values[lo:lo + m], scale, out=scratch[:m])
-
-    brackets = _brackets(values, scale, ranks)
+    brackets = _brackets(values, ranks)
     below = [0] * len(brackets)
     inside: list[list[np.ndarray]] = [[] for _ in brackets]
     nan = False
 
     def first_pass(lo: int, m: int) -> float:
         nonlocal nan
-        chunk = scaled(lo, m)
+        chunk = values[lo:lo + m]
         nan = nan or bool(np.isnan(chunk).any())
         for k, (low, high, _) in enumerate(brackets):
             below[k] += int(np.count_nonzero(chunk < low))
@@ -84,8 +80,7 @@ def scaled_mean_std_ranks(values: np.ndarray, scale: float,
     mean = np.true_divide(np.array([total]), count)       # np.mean's sum over count (shape (1,))
 
     def squared_deviations(lo: int, m: int) -> float:
-        chunk = scaled(lo, m)
-        np.subtract(chunk, mean, out=chunk)
+        chunk = np.subtract(values[lo:lo + m], mean, out=scratch[:m])
         np.square(chunk, out=chunk)
         return np.add.reduce(chunk)
 
@@ -100,18 +95,18 @@ def scaled_mean_std_ranks(values: np.ndarray, scale: float,
         for r in wanted:
             local = r - below[k]
             if not 0 <= local < len(candidates):
-                return float(mean[0]), std, _ranks_by_copy(values, scale, ranks)
+                return float(mean[0]), std, _ranks_by_copy(values, ranks)
             found[r] = float(np.partition(candidates, local)[local])
     return float(mean[0]), std, found
 
 
-def _brackets(values: np.ndarray, scale: float, ranks: list[int]) -> list[tuple[float, float, list[int]]]:
-    """(low, high, ranks) per bracket of scaled values: a sorted strided sample
+def _brackets(values: np.ndarray, ranks: list[int]) -> list[tuple[float, float, list[int]]]:
+    """(low, high, ranks) per bracket of values: a sorted strided sample
     puts each rank's value, with high probability, between low and high;
     brackets that overlap are merged (the median's two middle ranks, p90's two)."""
     n = len(values)
     step = max(1, n // _SAMPLE)
-    sample = np.sort(values[::step] * scale)
+    sample = np.sort(values[::step])
     last = len(sample) - 1
     out: list[list] = []
     for r in sorted(set(ranks)):
@@ -129,8 +124,8 @@ def _brackets(values: np.ndarray, scale: float, ranks: list[int]) -> list[tuple[
     return [(low, high, wanted) for low, high, wanted in out]
 
 
-def _ranks_by_copy(values: np.ndarray, scale: float, ranks: list[int]) -> dict[int, float]:
-    """The ranks' values from one scaled copy, partitioned at each (the fallback)."""
-    part = values * scale
+def _ranks_by_copy(values: np.ndarray, ranks: list[int]) -> dict[int, float]:
+    """The ranks' values from one copy, partitioned at each (the fallback)."""
+    part = values.copy()
     part.partition(sorted(set(ranks)))
     return {r: float(part[r]) for r in ranks}

@@ -258,7 +258,7 @@ def scaled_latency_stats(metric: str, values: np.ndarray, scale: float) -> dict[
                               remake=lambda out: np.copyto(out, values))
         return {key: value * scale for key, value in stats.items()}
     plan = QuantileRanks(len(values))
-    mean, std, found = chunked_stats.scaled_mean_std_ranks(values, 1.0, plan.ranks)
+    mean, std, found = chunked_stats.mean_std_ranks(values, plan.ranks)
     if found is None:                                # a NaN among the values
         return _latency_dict(metric, mean * scale, std * scale, NAN, NAN, NAN)
     n = len(values)
