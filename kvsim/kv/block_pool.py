@@ -63,7 +63,6 @@ from collections.abc import Iterable, Sequence
 from operator import itemgetter
 
 NULL_BLOCK_ID = 0
-_ONE = 1                                  # (its __eq__ finds a ref_cnt other than 1, in C)
 
 
 class BlockPool:
@@ -312,7 +311,7 @@ class BlockPool:
         ``free_request_blocks``' unshared case; the loop takes the rest, all
         hashed (the unhashed are the first ``num_unhashed``: when the first held
         block lies among them, the loop takes every block)."""
-        j = list(map(_ONE.__eq__, refs)).index(False)          # the first block held by another
+        j = list(map((1).__eq__, refs)).index(False)           # the first block held by another (in C)
         if j < num_unhashed or self.debug:
             self.free_blocks(blocks)
             return

@@ -142,9 +142,8 @@ def _parse_spec(section: Any) -> _SweepSpec:
         tuples = [canonical_json(t) for t in zip(*zipped.values())]
         _check_unique("sweep.zip", tuples, list(zip(*zipped.values())))
 
-    swept = [(f"sweep.{kind}.{p}", p) for kind in ("zip", "grid") for p in lists[kind]]
-    for (where_a, a), (where_b, b) in itertools.combinations(swept, 2):
-        parts_a, parts_b = split_path(a), split_path(b)
+    swept = [(f"sweep.{kind}.{p}", split_path(p)) for kind in ("zip", "grid") for p in lists[kind]]
+    for (where_a, parts_a), (where_b, parts_b) in itertools.combinations(swept, 2):
         if parts_a == parts_b:
             raise SweepError(f"{where_b}: also swept as {where_a}; sweep each key once")
         n = min(len(parts_a), len(parts_b))
