@@ -304,7 +304,7 @@ class BlockPool:
             self._requeue(blocks, ())
 
     def _free_partly_shared(self, blocks: list[int], num_unhashed: int, refs: tuple) -> None:
-        """``free_blocks(blocks)`` for a request's blocks of which some are held by
+        """``free_blocks(blocks)`` (B6, B7) for a request's blocks of which some are held by
         another request too (``refs``: their ref_cnt). Those are its prefix, the
         end of the reversed list (prefix hits): the blocks before the first one
         whose ref_cnt is not 1 all reach 0 and go to the queue as the slices of
