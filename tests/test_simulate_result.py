@@ -5,6 +5,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import kvsim
 from kvsim.sched.request import RequestStatus
@@ -31,6 +33,33 @@ def test_itl_is_every_gap_of_every_completed_request_in_order():
                                np.diff([3.0, 3.25, 3.5, 4.0])])
     np.testing.assert_array_equal(itl_seconds(done), expected)
     assert itl_seconds([req(0, [1.0])]).shape == (0,)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 3), st.booleans()), max_size=30),
+       st.randoms(use_true_random=False))
+def test_itl_is_each_requests_diff_without_its_one_message_gaps(shapes, rnd):
+    """Any requests: each completed one's np.diff, its zero gaps (tokens of one
+    message) left out, pooled in order; few or many zero gaps (both ways of leaving
+    them out), requests with no gap, failed ones, times as lists and as arrays."""
+    from array import array
+
+    done, expected = [], []
+    for index, (num_tokens, zero_every, failed) in enumerate(shapes):
+        times = np.cumsum([rnd.choice([0.25, 0.5, 1.0]) for _ in range(num_tokens)])
+        if zero_every:                                   # several tokens in one message
+            times[::zero_every + 1] = np.maximum.accumulate(times)[::zero_every + 1]
+            times[1:][::zero_every + 1] = times[:-1][::zero_every + 1]
+        times = times + index * 100.0
+        status = RequestStatus.FAILED if failed else RequestStatus.FINISHED
+        kept = times.tolist() if index % 2 else array("d", times.tolist())
+        done.append(SimpleNamespace(token_times=kept, status=status, arrival_time=float(index),
+                                    index=index))
+        if not failed:
+            gaps = np.diff(times)
+            expected.append(gaps[gaps != 0.0])
+    got = itl_seconds(done[::-1])                        # (finished in another order)
+    np.testing.assert_array_equal(got, np.concatenate(expected) if expected else np.zeros(0))
 
 
 def test_simultaneous_arrivals_keep_the_workloads_order_as_vllm_bench_serve():

@@ -132,15 +132,33 @@ def itl_seconds(done: list[Request]) -> np.ndarray:
         return np.zeros(0)
     # One diff over all requests' token times, less the gaps between requests
     # (a np.diff per request costs more than its arithmetic). The times are
-    # arrays of doubles (Request.token_times), read without a copy each.
+    # arrays of doubles (Request.token_times), joined in one writable copy (a
+    # list, from a caller's own requests, is converted first) that the gaps
+    # then overwrite: fresh memory is dear here (a fleet replica's 2.2 M gaps,
+    # a diff and a compressed copy of 17 MB each, took ~60 ms; now ~8 ms).
     lengths = np.fromiter(map(len, times), dtype=np.int64, count=len(times))
-    # The arrays' doubles joined in one copy (a list, from a caller's own requests, is
-    # converted first).
-    flat = np.frombuffer(b"".join([t if type(t) is array else array("d", t) for t in times]),
+    flat = np.frombuffer(bytearray().join([t if type(t) is array else array("d", t) for t in times]),
                          dtype=float)
-    gaps = np.diff(flat)
+    # (Overlapping operands give what separate ones would: np.diff's floats.)
+    gaps = np.subtract(flat[1:], flat[:-1], out=flat[:-1])
     # Steps take positive time, so a zero gap is two tokens of one message; the
     # gaps from a request's last token to the next request's first are not gaps.
     keep = gaps != 0.0
     keep[np.cumsum(lengths)[:-1] - 1] = False
-    return gaps[keep]
+    return _compress_in_place(gaps, keep)
+
+
+def _compress_in_place(values: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """``values[keep]``, made by moving the kept runs down inside ``values`` (a view
+    of its start is returned) when few values go: one gap per request boundary."""
+    drop = np.flatnonzero(~keep)
+    if len(drop) > len(values) // 16:           # many one-message gaps (stream_interval)
+        return values[keep]
+    bounds = drop.tolist()
+    bounds.append(len(values))
+    end = bounds[0]
+    for gone, stop in zip(bounds, bounds[1:]):
+        run = stop - gone - 1
+        values[end:end + run] = values[gone + 1:stop]
+        end += run
+    return values[:end]
