@@ -88,7 +88,7 @@ def test_tree_sum_is_numpys_pairwise_sum(small_chunks):
 def test_at_full_size_with_the_real_chunks():
     # 5 M values: the tree above the real 1 M-value chunks, against numpy on the whole array.
     rng = np.random.default_rng(11)
-    values = rng.gamma(2.0, 0.005, chunked_stats.MIN_VALUES + 1_000_003)
+    values = rng.gamma(2.0, 0.005, 4 * chunked_stats.CHUNK + 1_000_003)
     values[rng.integers(0, len(values), len(values) // 10)] = 0.0081
     assert same(scaled_latency_stats("itl", values, 1000.0), whole(values, 1000.0))
 

@@ -248,7 +248,7 @@ def scaled_latency_stats(metric: str, values: np.ndarray, scale: float) -> dict[
     values in ms (which differ in the last bits). One copy of the values is
     the scratch (the standard deviation's deviations overwrite it, then the
     order statistics partition it); from ``chunked_stats.MIN_VALUES`` values
-    on (a fleet's gaps, tens of millions) a chunk at a time instead
+    on (a long run's gaps; a fleet's, tens of millions) a chunk at a time instead
     (kvsim/metrics/chunked_stats.py), the same floats."""
     values = np.ascontiguousarray(values, dtype=float)
     if len(values) == 0:
