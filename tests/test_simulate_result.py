@@ -40,9 +40,13 @@ def test_itl_is_every_gap_of_every_completed_request_in_order():
        st.randoms(use_true_random=False))
 def test_itl_is_each_requests_diff_without_its_one_message_gaps(shapes, rnd):
     """Any requests: each completed one's np.diff, its zero gaps (tokens of one
-    message) left out, pooled in order; few or many zero gaps (both ways of leaving
-    them out), requests with no gap, failed ones, times as lists and as arrays."""
+    message) left out, pooled in order; few or many zero gaps, requests with no gap,
+    failed ones, times as lists and as arrays; compressed in blocks of 7 values or
+    in one."""
     from array import array
+    from unittest import mock
+
+    import kvsim.scenario.result as result_module
 
     done, expected = [], []
     for index, (num_tokens, zero_every, failed) in enumerate(shapes):
@@ -58,8 +62,10 @@ def test_itl_is_each_requests_diff_without_its_one_message_gaps(shapes, rnd):
         if not failed:
             gaps = np.diff(times)
             expected.append(gaps[gaps != 0.0])
-    got = itl_seconds(done[::-1])                        # (finished in another order)
-    np.testing.assert_array_equal(got, np.concatenate(expected) if expected else np.zeros(0))
+    for block in (7, 1 << 16):
+        with mock.patch.object(result_module, "_COMPRESS_BLOCK", block):
+            got = itl_seconds(done[::-1])                # (finished in another order)
+        np.testing.assert_array_equal(got, np.concatenate(expected) if expected else np.zeros(0))
 
 
 def test_simultaneous_arrivals_keep_the_workloads_order_as_vllm_bench_serve():
