@@ -68,6 +68,17 @@ def test_itl_is_each_requests_diff_without_its_one_message_gaps(shapes, rnd):
         np.testing.assert_array_equal(got, np.concatenate(expected) if expected else np.zeros(0))
 
 
+def test_itl_of_mostly_one_message_gaps_holds_only_the_kept_ones():
+    """Tokens streamed ten to a message (stream_interval): nine gaps in ten go, and
+    the gaps are their own array, not a view holding every token time."""
+    times = np.repeat(np.arange(1.0, 101.0), 10)                  # 1,000 tokens, 100 messages
+    done = [SimpleNamespace(token_times=times.tolist(), status=RequestStatus.FINISHED,
+                            arrival_time=0.0, index=0)]
+    gaps = itl_seconds(done)
+    np.testing.assert_array_equal(gaps, np.ones(99))
+    assert gaps.base is None
+
+
 def test_simultaneous_arrivals_keep_the_workloads_order_as_vllm_bench_serve():
     """Every request arrives at t = 0: requests.csv lists them in the workload's order (not
     the order they finished in), and every statistic is vLLM's ``calculate_metrics``

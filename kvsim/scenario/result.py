@@ -153,10 +153,12 @@ def itl_seconds(done: list[Request]) -> np.ndarray:
 def _compress_in_place(values: np.ndarray, keep: np.ndarray) -> np.ndarray:
     """``values[keep]``, made inside ``values`` (a view of its start is returned): a
     block at a time, each block's kept values copied out, then written down to
-    where the kept ones before them end (never past the block's own start)."""
+    where the kept ones before them end (never past the block's own start).
+    When most go (one message of several tokens, ``stream_interval``), a copy of
+    the kept ones, so that the whole array is not held for them."""
     end = 0
     for lo in range(0, len(values), _COMPRESS_BLOCK):
         kept = values[lo:lo + _COMPRESS_BLOCK][keep[lo:lo + _COMPRESS_BLOCK]]
         values[end:end + len(kept)] = kept
         end += len(kept)
-    return values[:end]
+    return values[:end] if 2 * end >= len(values) else values[:end].copy()
