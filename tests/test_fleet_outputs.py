@@ -67,6 +67,29 @@ def test_per_replica_and_per_pool_summaries_add_up_to_the_fleet():
         assert s["completed"] == int((r.requests["replica"] == name).sum())
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_simultaneous_arrivals_are_the_clients_order_across_replicas(workers):
+    """Every request arrives at t = 0 and round robin spreads them: requests.csv lists
+    them in the workload's order, not replica by replica, and the per-request
+    statistics are vLLM's ``calculate_metrics`` over the lists in that order
+    (``np.mean(ttfts) * 1000``, ...); the same with the replicas in two processes."""
+    r = kvsim.simulate(scenario(
+        workload={**BASE["workload"], "num_requests": 60, "arrival": {"type": "all_at_once"}},
+        cluster={"replicas": 3, "router": "round_robin", "workers": workers}))
+    req = r.requests
+    assert list(req["request_id"]) == [f"r{i}" for i in range(60)]
+    assert list(req["replica"][:3]) == ["replica-0", "replica-1", "replica-2"]
+    ttfts = (req["first_token_time_s"] - req["arrival_time_s"]).tolist()
+    e2els = (req["finish_time_s"] - req["arrival_time_s"]).tolist()
+    tpots = [(e - t) / (k - 1) for e, t, k in zip(e2els, ttfts, req["num_output_tokens"]) if k > 1]
+    for metric, xs in (("ttft", ttfts), ("tpot", tpots), ("e2el", e2els)):
+        assert r.summary[f"mean_{metric}_ms"] == np.mean(xs) * 1000, metric
+        assert r.summary[f"std_{metric}_ms"] == np.std(xs) * 1000, metric
+    by_replica = [t for name in ("replica-0", "replica-1", "replica-2")
+                  for t in (req["first_token_time_s"] - req["arrival_time_s"])[req["replica"] == name]]
+    assert np.mean(by_replica) != np.mean(ttfts)          # (the order shows in the last bits)
+
+
 def test_fleet_keys_mean_what_they_say():
     r = kvsim.simulate(scenario())
     good = ((r.requests["first_token_time_s"] - r.requests["arrival_time_s"]) * 1000 <= 200)

@@ -24,7 +24,7 @@ from kvsim.metrics.fleet import computed_tokens, group_summary
 from kvsim.metrics.summary import summarize
 from kvsim.scenario.loader import LoadedScenario, load_scenario
 from kvsim.scenario.schema import ScenarioError
-from kvsim.scenario.result import Result, itl_seconds, requests_frame, steps_frame
+from kvsim.scenario.result import Result, arrival_indices, itl_seconds, requests_frame, steps_frame
 from kvsim.sim.engine import EngineStats
 from kvsim.sim.gc_pause import collector_paused
 from kvsim.workload import build_workload
@@ -186,6 +186,7 @@ class ReplicaTables:
     itl: np.ndarray
     summary: dict                    # summarize(...) and computed_tokens
     stats: EngineStats
+    order: np.ndarray                # each row's Request.index (arrival_indices)
 
 
 def simulate_share(task: dict, _point_dir=None) -> dict:
@@ -215,7 +216,7 @@ def replica_tables(replica, info, slo: dict | None) -> ReplicaTables:
     itl = itl_seconds(replica.done)
     summary = {**summarize(requests, steps, itl, num_gpu_blocks=info.num_usable_blocks + 1, slo=slo),
                "computed_tokens": computed_tokens(steps)}
-    return ReplicaTables(requests, steps, itl, summary, replica.stats())
+    return ReplicaTables(requests, steps, itl, summary, replica.stats(), arrival_indices(replica.done))
 
 
 def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig,
@@ -256,11 +257,12 @@ def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig,
         # client sees is D's: kvsim/fleet/pd.py), and those that failed on P.
         clients = [k for k, i in enumerate(run.infos) if i.role == "decode"]
         failed = requests_frame(run.prefill_failed).assign(replica=None)
-        requests = _pd_columns(_by_arrival(pd.concat([*(frames[k] for k in clients), failed],
-                                                     ignore_index=True)), run.transfers)
+        requests = _pd_columns(_client_order([*(frames[k] for k in clients), failed],
+                                             [*(tables[k].order for k in clients),
+                                              arrival_indices(run.prefill_failed)]), run.transfers)
     else:
         clients = everyone
-        requests = _by_arrival(pd.concat(frames, ignore_index=True))
+        requests = _client_order(frames, [t.order for t in tables])
     fleet = group(clients, requests)
     per_pool = {}
     for pool in dict.fromkeys(i.pool for i in run.infos):
@@ -268,7 +270,8 @@ def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig,
         if members == clients:                    # the client's pool: its summary is the fleet's
             numbers = fleet
         else:
-            numbers = group(members, _by_arrival(pd.concat([frames[k] for k in members], ignore_index=True)))
+            numbers = group(members, _client_order([frames[k] for k in members],
+                                                   [tables[k].order for k in members]))
         per_pool[pool] = {"role": run.infos[members[0]].role, "replicas": len(members), **numbers}
     summary = {"scenario": sc.name, "scheduler": sc.scheduler, "num_replicas": len(run.infos),
                "router": cluster.router.policy, **fleet}
@@ -277,7 +280,7 @@ def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig,
         # (vLLM's num_cached_tokens does too): the fleet's hit rate is the
         # prefill pools', where prompts meet the prefix cache.
         prefill = [k for k, i in enumerate(run.infos) if i.role == "prefill"]
-        p_requests = _by_arrival(pd.concat([frames[k] for k in prefill], ignore_index=True))
+        p_requests = _client_order([frames[k] for k in prefill], [tables[k].order for k in prefill])
         summary["prefix_cache_hit_rate"] = group(prefill, p_requests)["prefix_cache_hit_rate"]
         summary.update(_pd_summary(requests))
     # (P/D pools have their own connectors and never offload: refused at load.)
@@ -387,5 +390,11 @@ def _pd_summary(requests: pd.DataFrame) -> dict:
             "kv_transfer_blocks": int(done["kv_transfer_blocks"].sum())}
 
 
-def _by_arrival(requests: pd.DataFrame) -> pd.DataFrame:
-    return requests.sort_values(["arrival_time_s"], kind="stable").reset_index(drop=True)
+def _client_order(frames: list[pd.DataFrame], orders: list[np.ndarray]) -> pd.DataFrame:
+    """Several engines' request rows as one client lists them: by arrival time, then in
+    the workload's order (``Request.index``), as ``in_arrival_order`` has one engine's
+    (``orders``: each frame's ``arrival_indices``)."""
+    requests = pd.concat(frames, ignore_index=True)
+    order = np.concatenate(orders) if orders else np.zeros(0, dtype=np.int64)
+    rows = np.lexsort((order, requests["arrival_time_s"].to_numpy(dtype=float)))
+    return requests.take(rows).reset_index(drop=True)

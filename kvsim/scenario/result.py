@@ -69,6 +69,7 @@ _read_request = attrgetter(*(_REQUEST_FIELDS[c] for c in REQUEST_COLUMNS))
 
 
 _arrival_then_input = attrgetter("arrival_time", "index")
+_index = attrgetter("index")
 
 
 def in_arrival_order(done: list[Request]) -> list[Request]:
@@ -78,6 +79,12 @@ def in_arrival_order(done: list[Request]) -> list[Request]:
     and its ``np.mean(ttfts)`` sums them in it: with simultaneous arrivals, the
     order the requests finished in would change the last bits)."""
     return sorted(done, key=_arrival_then_input)
+
+
+def arrival_indices(done: list[Request]) -> np.ndarray:
+    """The ``Request.index`` of each row of ``requests_frame(done)``: with the arrival
+    times, what puts several engines' rows in one client's order (a fleet's)."""
+    return np.fromiter(map(_index, in_arrival_order(done)), dtype=np.int64, count=len(done))
 
 
 def requests_frame(done: list[Request]) -> pd.DataFrame:
