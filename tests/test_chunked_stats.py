@@ -56,6 +56,50 @@ def test_chunked_is_the_whole_arrays_statistics_bit_for_bit(small_chunks, values
         assert same(scaled_latency_stats("itl", values, scale), whole(values, scale))
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=values_strategy, cuts=st.lists(st.integers(0, 3000), max_size=40), seed=st.integers(0, 2**32 - 1),
+       chunked=st.booleans())
+def test_in_an_order_the_statistics_of_the_values_so_ordered(small_chunks, monkeypatch, values, cuts, seed,
+                                                              chunked):
+    """``order``: the values cut into runs (some empty) and the runs shuffled, as a
+    fleet's client pools its replicas' gaps; each statistic is the one of the values
+    in that order, bit for bit, a chunk at a time or not."""
+    if not chunked:
+        monkeypatch.setattr(chunked_stats, "MIN_VALUES", 1 << 40)
+    bounds = sorted({0, len(values), *(c % (len(values) + 1) for c in cuts)})
+    starts, counts = np.array(bounds[:-1]), np.diff(bounds)
+    starts, counts = np.append(starts, len(values)), np.append(counts, 0)     # a run of nothing
+    shuffle = np.random.default_rng(seed).permutation(len(starts))
+    order = chunked_stats.Segments(starts[shuffle], counts[shuffle])
+    ordered = np.concatenate([values[a:a + c] for a, c in zip(starts[shuffle], counts[shuffle])])
+    np.testing.assert_array_equal(order.take(values), ordered)
+    with np.errstate(all="ignore"):
+        assert same(scaled_latency_stats("itl", values, 1000.0, order), whole(ordered, 1000.0))
+
+
+@pytest.mark.parametrize("chunked", [True, False])
+@pytest.mark.parametrize("seed", [12, 135])
+def test_gaps_pooled_in_another_order_are_that_orders_floats(small_chunks, monkeypatch, chunked, seed):
+    # Gaps of 300 requests held in one order and pooled in another: the mean and
+    # the std of the two orders differ in their last bits; the ordered ones are given.
+    if not chunked:
+        monkeypatch.setattr(chunked_stats, "MIN_VALUES", 1 << 40)
+    rng = np.random.default_rng(seed)                    # (ones whose std differs too)
+    values = rng.gamma(2.0, 0.01, 6000)
+    bounds = np.unique(np.r_[0, rng.integers(0, 6000, 299), 6000])
+    starts, counts = bounds[:-1], np.diff(bounds)
+    shuffle = rng.permutation(len(starts))
+    order = chunked_stats.Segments(starts[shuffle], counts[shuffle])
+    ordered = order.take(values)
+    assert np.mean(ordered) != np.mean(values) and np.std(ordered) != np.std(values)
+    assert same(scaled_latency_stats("itl", values, 1000.0, order), whole(ordered, 1000.0))
+
+
+def test_an_order_must_hold_every_value():
+    with pytest.raises(ValueError, match="an order of 3 values for 4 values"):
+        chunked_stats.mean_std_ranks(np.ones(4), [1], chunked_stats.Segments(np.array([0]), np.array([3])))
+
+
 def test_a_sample_that_misleads_falls_back_to_a_copy_with_the_same_result(small_chunks, monkeypatch):
     # The values the sample sees spread over [0, 1], every other one is 2.0: the
     # median's bracket lies below 1 and misses its ranks, which the full copy selects.

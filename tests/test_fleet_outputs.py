@@ -16,6 +16,7 @@ from kvsim.cli import main
 from kvsim.metrics.fleet import imbalance, max_concurrent, slo_attainment
 from kvsim.metrics.prometheus import prometheus_series
 from kvsim.scenario.cluster import simulate_cluster
+from kvsim.scenario.cluster_outputs import fleet_itls
 from kvsim.scenario.schema import ScenarioError
 from kvsim.view import render_view
 
@@ -72,7 +73,8 @@ def test_simultaneous_arrivals_are_the_clients_order_across_replicas(workers):
     """Every request arrives at t = 0 and round robin spreads them: requests.csv lists
     them in the workload's order, not replica by replica, and the per-request
     statistics are vLLM's ``calculate_metrics`` over the lists in that order
-    (``np.mean(ttfts) * 1000``, ...); the same with the replicas in two processes."""
+    (``np.mean(ttfts) * 1000``, ...), the ITL gaps pooled request by request in that
+    order too; the same with the replicas in two processes."""
     r = kvsim.simulate(scenario(
         workload={**BASE["workload"], "num_requests": 60, "arrival": {"type": "all_at_once"}},
         cluster={"replicas": 3, "router": "round_robin", "workers": workers}))
@@ -82,12 +84,16 @@ def test_simultaneous_arrivals_are_the_clients_order_across_replicas(workers):
     ttfts = (req["first_token_time_s"] - req["arrival_time_s"]).tolist()
     e2els = (req["finish_time_s"] - req["arrival_time_s"]).tolist()
     tpots = [(e - t) / (k - 1) for e, t, k in zip(e2els, ttfts, req["num_output_tokens"]) if k > 1]
-    for metric, xs in (("ttft", ttfts), ("tpot", tpots), ("e2el", e2els)):
+    itls = [g for gaps in fleet_itls(r) for g in gaps]      # each request's, in the rows' order
+    for metric, xs in (("ttft", ttfts), ("tpot", tpots), ("e2el", e2els), ("itl", itls)):
         assert r.summary[f"mean_{metric}_ms"] == np.mean(xs) * 1000, metric
         assert r.summary[f"std_{metric}_ms"] == np.std(xs) * 1000, metric
+        assert r.summary[f"p99_{metric}_ms"] == np.percentile(xs, 99) * 1000, metric
+    # (The order shows in the last bits: replica by replica, the means are other floats.)
     by_replica = [t for name in ("replica-0", "replica-1", "replica-2")
                   for t in (req["first_token_time_s"] - req["arrival_time_s"])[req["replica"] == name]]
-    assert np.mean(by_replica) != np.mean(ttfts)          # (the order shows in the last bits)
+    assert np.mean(by_replica) != np.mean(ttfts)
+    assert np.mean(r.itl_s) != np.mean(itls)               # (the fleet's gaps are held by replica)
 
 
 def test_fleet_keys_mean_what_they_say():

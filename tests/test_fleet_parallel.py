@@ -209,7 +209,8 @@ def _replica_tables(seed: int, rows: int, gaps: int, mixed: bool = False):
     if mixed:
         steps["note"] = pd.array(rng.choice(["a", None], rows), dtype="string")
     return cluster_module.ReplicaTables(requests=pd.DataFrame(), steps=steps, itl=rng.random(gaps),
-                                        summary={}, stats=None, order=np.zeros(0, dtype=np.int64))
+                                        summary={}, stats=None, order=np.zeros(0, dtype=np.int64),
+                                        gap_counts=np.zeros(0, dtype=np.int64))
 
 
 @pytest.mark.parametrize("mixed", [False, True])

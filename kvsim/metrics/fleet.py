@@ -35,6 +35,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from kvsim.metrics.chunked_stats import Segments
 from kvsim.metrics.summary import check_slo, completed_mask, good_mask, request_latencies_s, summarize
 
 NAN = float("nan")
@@ -100,20 +101,23 @@ def max_concurrent(step_tables: Sequence) -> int:
 
 def group_summary(requests: pd.DataFrame, step_tables: Sequence[pd.DataFrame], itls: Sequence[np.ndarray],
                   *, num_gpu_blocks: int, routed: Sequence[int], slo: dict | None,
-                  steps: pd.DataFrame | None = None, itl: np.ndarray | None = None) -> dict:
+                  steps: pd.DataFrame | None = None, itl: np.ndarray | None = None,
+                  itl_order: Segments | None = None) -> dict:
     """The summary of several engines served as one (a pool, or the fleet).
 
     ``step_tables``, ``itls`` and ``routed`` hold one entry per engine; the
     engines' request rows are together in ``requests``. ``steps`` and ``itl``,
     when given, are ``step_tables`` and ``itls`` already concatenated in that
     order (a fleet's own tables: millions of rows, not built twice).
+    ``itl_order``: the order of the concatenated gaps that the rows of
+    ``requests`` pool them in (their client's: ``summarize``'s ``itl_order``).
     """
     if steps is None:
         steps = pd.concat(step_tables, ignore_index=True) if step_tables else pd.DataFrame(
             columns=["kv_cache_usage", "duration_s", "num_running", "num_scheduled_reqs"])
     if itl is None:
         itl = np.concatenate(itls) if len(itls) else np.zeros(0)
-    summary = summarize(requests, steps, itl, num_gpu_blocks=num_gpu_blocks, slo=slo)
+    summary = summarize(requests, steps, itl, num_gpu_blocks=num_gpu_blocks, slo=slo, itl_order=itl_order)
     summary["max_concurrent_requests"] = max_concurrent(step_tables)
     summary["slo_attainment"] = slo_attainment(requests, slo)
     summary["imbalance_routed"] = imbalance(routed)

@@ -67,12 +67,14 @@ NAN = float("nan")
 # --- public API -------------------------------------------------------------
 
 
-def summarize(requests, steps, itl_s, *, num_gpu_blocks: int, slo: dict | None = None) -> dict:
+def summarize(requests, steps, itl_s, *, num_gpu_blocks: int, slo: dict | None = None,
+              itl_order: chunked_stats.Segments | None = None) -> dict:
     """The summary of one run: a dict with :data:`SUMMARY_KEYS`, plain floats and ints.
 
     ``requests`` and ``steps`` are the tables of :mod:`kvsim.metrics.schema`
     (DataFrames, or any mapping of column name to array); ``itl_s`` holds every
-    inter-token gap of every completed request, in seconds. ``slo`` maps
+    inter-token gap of every completed request, in seconds, in the requests'
+    order, or in any order that ``itl_order`` puts in theirs. ``slo`` maps
     ``ttft_ms`` / ``tpot_ms`` / ``e2el_ms`` to a limit in ms; without it
     ``request_goodput`` is NaN.
     """
@@ -86,7 +88,8 @@ def summarize(requests, steps, itl_s, *, num_gpu_blocks: int, slo: dict | None =
                              ("tpot", lat["tpot_s"][lat["num_output_tokens"] > 1]),
                              ("itl", itl_s),
                              ("e2el", lat["e2el_s"])):
-        latency.update(scaled_latency_stats(metric, values_s, 1000.0))
+        order = itl_order if metric == "itl" else None
+        latency.update(scaled_latency_stats(metric, values_s, 1000.0, order))
 
     arrival = _column(requests, "arrival_time_s")
     finish = _column(requests, "finish_time_s")
@@ -240,7 +243,8 @@ def latency_stats(metric: str, values_ms: np.ndarray, *, reorder: bool = False,
     return _latency_dict(metric, mean, std, median, p90, p99)
 
 
-def scaled_latency_stats(metric: str, values: np.ndarray, scale: float) -> dict[str, float]:
+def scaled_latency_stats(metric: str, values: np.ndarray, scale: float,
+                         order: chunked_stats.Segments | None = None) -> dict[str, float]:
     """Each statistic of ``values`` (a 1-d float array, in seconds for a scale of
     1000), times ``scale``: vLLM's ``calculate_metrics`` arithmetic
     (``np.mean(ttfts) * 1000``, ``np.percentile(itls, 99) * 1000``, ...; in
@@ -249,16 +253,19 @@ def scaled_latency_stats(metric: str, values: np.ndarray, scale: float) -> dict[
     the scratch (the standard deviation's deviations overwrite it, then the
     order statistics partition it); from ``chunked_stats.MIN_VALUES`` values
     on (a long run's gaps; a fleet's, tens of millions) a chunk at a time instead
-    (kvsim/metrics/chunked_stats.py), the same floats."""
+    (kvsim/metrics/chunked_stats.py), the same floats. ``order``: the statistics
+    of the values in that order (a fleet's gaps as its client pools them)."""
     values = np.ascontiguousarray(values, dtype=float)
     if len(values) == 0:
         return {f"{stat}_{metric}_ms": NAN for stat in STATISTICS}
+    if order is not None and len(values) < chunked_stats.MIN_VALUES:
+        values, order = order.take(values), None
     if len(values) < chunked_stats.MIN_VALUES:
         stats = latency_stats(metric, np.array(values), reorder=True,
                               remake=lambda out: np.copyto(out, values))
         return {key: value * scale for key, value in stats.items()}
     plan = QuantileRanks(len(values))
-    mean, std, found = chunked_stats.mean_std_ranks(values, plan.ranks)
+    mean, std, found = chunked_stats.mean_std_ranks(values, plan.ranks, order)
     if found is None:                                # a NaN among the values
         return _latency_dict(metric, mean * scale, std * scale, NAN, NAN, NAN)
     n = len(values)

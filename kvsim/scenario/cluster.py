@@ -20,11 +20,12 @@ import pandas as pd
 from kvsim.fleet.config import ClusterConfig, PoolConfig, PoolFacts, check_pools, parse_cluster_config
 from kvsim.fleet.replica import PoolPlan
 from kvsim.fleet.runner import Fleet, FleetRun
+from kvsim.metrics.chunked_stats import Segments
 from kvsim.metrics.fleet import computed_tokens, group_summary
 from kvsim.metrics.summary import summarize
 from kvsim.scenario.loader import LoadedScenario, load_scenario
 from kvsim.scenario.schema import ScenarioError
-from kvsim.scenario.result import Result, arrival_indices, itl_seconds, requests_frame, steps_frame
+from kvsim.scenario.result import Result, arrival_indices, itl_seconds_and_counts, requests_frame, steps_frame
 from kvsim.sim.engine import EngineStats
 from kvsim.sim.gc_pause import collector_paused
 from kvsim.workload import build_workload
@@ -187,6 +188,7 @@ class ReplicaTables:
     summary: dict                    # summarize(...) and computed_tokens
     stats: EngineStats
     order: np.ndarray                # each row's Request.index (arrival_indices)
+    gap_counts: np.ndarray           # each row's number of gaps in itl (itl_seconds_and_counts)
 
 
 def simulate_share(task: dict, _point_dir=None) -> dict:
@@ -213,10 +215,11 @@ def simulate_share(task: dict, _point_dir=None) -> dict:
 def replica_tables(replica, info, slo: dict | None) -> ReplicaTables:
     requests = requests_frame(replica.done)
     steps = steps_frame(replica)
-    itl = itl_seconds(replica.done)
+    itl, gap_counts = itl_seconds_and_counts(replica.done)
     summary = {**summarize(requests, steps, itl, num_gpu_blocks=info.num_usable_blocks + 1, slo=slo),
                "computed_tokens": computed_tokens(steps)}
-    return ReplicaTables(requests, steps, itl, summary, replica.stats(), arrival_indices(replica.done))
+    return ReplicaTables(requests, steps, itl, summary, replica.stats(), arrival_indices(replica.done),
+                         gap_counts)
 
 
 def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig,
@@ -245,33 +248,44 @@ def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig,
         t.steps, t.itl = s, g
     everyone = list(range(len(run.infos)))
 
-    def group(indices: list[int], requests: pd.DataFrame) -> dict:
+    def as_one_client(indices: list[int], failed: list | None = None) -> tuple[pd.DataFrame, Segments]:
+        """The request rows of these replicas (and ``failed`` requests) in one client's
+        order, and that order of their gaps (each replica's are in ``itls``)."""
+        parts = [frames[k] for k in indices]
+        orders = [tables[k].order for k in indices]
+        counts = [tables[k].gap_counts for k in indices]
+        if failed is not None:
+            parts.append(requests_frame(failed).assign(replica=None))
+            orders.append(arrival_indices(failed))
+            counts.append(np.zeros(len(failed), dtype=np.int64))
+        requests, rows = _client_order(parts, orders)
+        return requests, _gap_order(counts, rows)
+
+    def group(indices: list[int], requests: pd.DataFrame, gap_order: Segments) -> dict:
         whole = indices == everyone
         return group_summary(requests, [step_frames[k] for k in indices], [itls[k] for k in indices],
                              num_gpu_blocks=sum(run.infos[k].num_usable_blocks + 1 for k in indices),
                              routed=[run.num_routed[k] for k in indices], slo=slo,
-                             steps=steps if whole else None, itl=itl if whole else None)
+                             steps=steps if whole else None, itl=itl if whole else None,
+                             itl_order=gap_order)
 
     if run.transfers is not None:
         # P/D: the client's requests are the decode replicas' (every token the
         # client sees is D's: kvsim/fleet/pd.py), and those that failed on P.
         clients = [k for k, i in enumerate(run.infos) if i.role == "decode"]
-        failed = requests_frame(run.prefill_failed).assign(replica=None)
-        requests = _pd_columns(_client_order([*(frames[k] for k in clients), failed],
-                                             [*(tables[k].order for k in clients),
-                                              arrival_indices(run.prefill_failed)]), run.transfers)
+        requests, gap_order = as_one_client(clients, run.prefill_failed)
+        requests = _pd_columns(requests, run.transfers)
     else:
         clients = everyone
-        requests = _client_order(frames, [t.order for t in tables])
-    fleet = group(clients, requests)
+        requests, gap_order = as_one_client(clients)
+    fleet = group(clients, requests, gap_order)
     per_pool = {}
     for pool in dict.fromkeys(i.pool for i in run.infos):
         members = [k for k, i in enumerate(run.infos) if i.pool == pool]
         if members == clients:                    # the client's pool: its summary is the fleet's
             numbers = fleet
         else:
-            numbers = group(members, _client_order([frames[k] for k in members],
-                                                   [tables[k].order for k in members]))
+            numbers = group(members, *as_one_client(members))
         per_pool[pool] = {"role": run.infos[members[0]].role, "replicas": len(members), **numbers}
     summary = {"scenario": sc.name, "scheduler": sc.scheduler, "num_replicas": len(run.infos),
                "router": cluster.router.policy, **fleet}
@@ -280,8 +294,7 @@ def collect_fleet(run: FleetRun, sc: LoadedScenario, cluster: ClusterConfig,
         # (vLLM's num_cached_tokens does too): the fleet's hit rate is the
         # prefill pools', where prompts meet the prefix cache.
         prefill = [k for k, i in enumerate(run.infos) if i.role == "prefill"]
-        p_requests = _client_order([frames[k] for k in prefill], [tables[k].order for k in prefill])
-        summary["prefix_cache_hit_rate"] = group(prefill, p_requests)["prefix_cache_hit_rate"]
+        summary["prefix_cache_hit_rate"] = group(prefill, *as_one_client(prefill))["prefix_cache_hit_rate"]
         summary.update(_pd_summary(requests))
     # (P/D pools have their own connectors and never offload: refused at load.)
     connectors = [] if run.transfers is not None else [
@@ -390,11 +403,20 @@ def _pd_summary(requests: pd.DataFrame) -> dict:
             "kv_transfer_blocks": int(done["kv_transfer_blocks"].sum())}
 
 
-def _client_order(frames: list[pd.DataFrame], orders: list[np.ndarray]) -> pd.DataFrame:
+def _client_order(frames: list[pd.DataFrame], orders: list[np.ndarray]) -> tuple[pd.DataFrame, np.ndarray]:
     """Several engines' request rows as one client lists them: by arrival time, then in
     the workload's order (``Request.index``), as ``in_arrival_order`` has one engine's
-    (``orders``: each frame's ``arrival_indices``)."""
+    (``orders``: each frame's ``arrival_indices``); and where each row came from in
+    the frames one after the other."""
     requests = pd.concat(frames, ignore_index=True)
     order = np.concatenate(orders) if orders else np.zeros(0, dtype=np.int64)
     rows = np.lexsort((order, requests["arrival_time_s"].to_numpy(dtype=float)))
-    return requests.take(rows).reset_index(drop=True)
+    return requests.take(rows).reset_index(drop=True), rows
+
+
+def _gap_order(counts: list[np.ndarray], rows: np.ndarray) -> Segments:
+    """The order the client pools the gaps in, request by request in ``rows``' order,
+    of gaps held frame by frame, each frame's request by request (``counts``)."""
+    counts = np.concatenate(counts) if counts else np.zeros(0, dtype=np.int64)
+    starts = np.cumsum(counts) - counts
+    return Segments(starts[rows], counts[rows])

@@ -135,10 +135,24 @@ def itl_seconds(done: list[Request]) -> np.ndarray:
     gap (several tokens per step, ``stream_interval``: ``kvsim.sim.client``),
     as ``vllm bench serve`` counts one ITL per message after the first.
     """
-    times = [r.token_times for r in in_arrival_order(done)
-             if r.status is not RequestStatus.FAILED and len(r.token_times) > 1]
+    return _gaps(done, with_counts=False)[0]
+
+
+def itl_seconds_and_counts(done: list[Request]) -> tuple[np.ndarray, np.ndarray]:
+    """``itl_seconds(done)``, and how many of them each request has, in the order of
+    requests.csv's rows (0 for a failed one): where each request's gaps are, for an
+    order of several engines' gaps (a fleet's client pools them in its own)."""
+    return _gaps(done, with_counts=True)
+
+
+def _gaps(done: list[Request], *, with_counts: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    ordered = in_arrival_order(done)
+    failed = RequestStatus.FAILED
+    has_gaps = [r.status is not failed and len(r.token_times) > 1 for r in ordered]
+    times = [r.token_times for r, g in zip(ordered, has_gaps) if g]
+    counts = np.zeros(len(ordered), dtype=np.int64) if with_counts else None
     if not times:
-        return np.zeros(0)
+        return np.zeros(0), counts
     # One diff over all requests' token times, less the gaps between requests
     # (a np.diff per request costs more than its arithmetic). The times are
     # arrays of doubles (Request.token_times), joined in one writable copy (a
@@ -153,8 +167,12 @@ def itl_seconds(done: list[Request]) -> np.ndarray:
     # Steps take positive time, so a zero gap is two tokens of one message; the
     # gaps from a request's last token to the next request's first are not gaps.
     keep = gaps != 0.0
-    keep[np.cumsum(lengths)[:-1] - 1] = False
-    return _compress_in_place(gaps, keep)
+    ends = np.cumsum(lengths)
+    keep[ends[:-1] - 1] = False
+    if with_counts:
+        # A request's diffs start where its times do; the boundary after them is kept out.
+        counts[np.array(has_gaps, dtype=bool)] = np.add.reduceat(keep, ends - lengths, dtype=np.int64)
+    return _compress_in_place(gaps, keep), counts
 
 
 def _compress_in_place(values: np.ndarray, keep: np.ndarray) -> np.ndarray:
