@@ -93,7 +93,9 @@ class FleetResult(Result):
     """A fleet run: the fleet-wide tables and summary, plus each pool's and replica's summary.
 
     ``requests`` and ``steps`` carry a ``replica`` column (the replica's name,
-    ``<pool>-<k>``; steps grouped by replica, in pool order). ``summary`` is
+    ``<pool>-<k>``; requests in the client's order, steps grouped by replica,
+    in pool order; ``itl_s`` too is grouped by replica, which the summaries
+    read in the client's order). ``summary`` is
     the fleet's, flat (what a sweep row or a plan probe reads);
     ``per_pool`` and ``per_replica`` map names to their summaries
     (kvsim/metrics/fleet.py). ``write`` puts all three in summary.json.
