@@ -96,8 +96,11 @@ def test_gaps_pooled_in_another_order_are_that_orders_floats(small_chunks, monke
 
 
 def test_an_order_must_hold_every_value():
+    three = chunked_stats.Segments(np.array([0]), np.array([3]))
     with pytest.raises(ValueError, match="an order of 3 values for 4 values"):
-        chunked_stats.mean_std_ranks(np.ones(4), [1], chunked_stats.Segments(np.array([0]), np.array([3])))
+        chunked_stats.mean_std_ranks(np.ones(4), [1], three)
+    with pytest.raises(ValueError, match="an order of 3 values for 4 values"):
+        scaled_latency_stats("itl", np.ones(4), 1000.0, three)
 
 
 def test_a_sample_that_misleads_falls_back_to_a_copy_with_the_same_result(small_chunks, monkeypatch):

@@ -258,6 +258,8 @@ def scaled_latency_stats(metric: str, values: np.ndarray, scale: float,
     values = np.ascontiguousarray(values, dtype=float)
     if len(values) == 0:
         return {f"{stat}_{metric}_ms": NAN for stat in STATISTICS}
+    if order is not None and order.size != len(values):
+        raise ValueError(f"an order of {order.size} values for {len(values)} values")
     if order is not None and len(values) < chunked_stats.MIN_VALUES:
         values, order = order.take(values), None
     if len(values) < chunked_stats.MIN_VALUES:
