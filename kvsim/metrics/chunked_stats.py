@@ -119,6 +119,7 @@ def mean_std_ranks(values: np.ndarray, ranks: list[int], order: Segments | None 
         if order is None:
             return values[lo:lo + m]
         return order.read(values, lo, m, out)
+
     brackets = _brackets(values, ranks)
     below = [0] * len(brackets)
     inside: list[list[np.ndarray]] = [[] for _ in brackets]
