@@ -205,8 +205,15 @@ def sample_tokens(plan: StepPlan, now: float) -> list[Request]:
     """
     finished = []
     for req, _, _ in plan.scheduled:
-        if req.num_computed_tokens >= req.prompt_len + req.num_output_tokens:   # num_tokens
-            if sample_token(req, now):
+        out = req.num_output_tokens
+        if req.num_computed_tokens >= req.prompt_len + out:                    # num_tokens
+            # sample_token(req, now), inlined: every decode of a step comes here.
+            req.num_output_tokens = out = out + 1
+            times = req.token_times
+            times.append(now)
+            if len(times) == 1:
+                req.first_token_time = now
+            if req.prompt_len + out >= req.final_num_tokens:                   # is_finished
                 finished.append(req)
     return finished
 
