@@ -813,6 +813,89 @@ CASE_FUNCS += [
 PENDING_CASE_FUNCS: list = []     # none now
 
 
+# ------------------------------------------------ differential campaigns
+# ``differential(seed)`` draws a whole case from its seed: block size,
+# max_model_len, chunking and caching on or off, budgets, max_num_seqs,
+# threshold, policy, a tight-to-roomy cache, each vLLM 0.33 knob kvsim models
+# now and then, and 10-119 requests with shared prefixes, follow-ups quoting
+# earlier outputs, bursts and idle gaps. ``differential.sh FROM TO`` runs the
+# real scheduler and kvsim (both paths) on seeds FROM..TO-1 in a scratch
+# folder (README.md here: 2,300 seeds, no difference). The seeds below are
+# committed as golden cases: chosen from seeds 300-2299, each with
+# preemptions and under 60 KB of trace, to cover every pair of the features
+# the campaign varies in as few cases as a greedy pick found (12).
+DIFFERENTIAL_SEEDS = (759, 946, 533, 652, 2025, 1428, 748, 1193, 848, 1111, 1313, 2190)
+
+
+def differential(seed: int) -> Case:
+    rng = np.random.default_rng(50_000 + seed)
+    bs = int(rng.choice([4, 8, 16, 16, 32]))
+    mml = int(rng.choice([128, 256, 512]))
+    chunking = rng.random() < 0.85
+    caching = rng.random() < 0.85
+    budget = int(rng.choice([32, 64, 128, 256, 512, 2048] if chunking else [512, 1024, 2048]))
+    if not chunking:
+        budget = max(budget, mml)            # chunking off: one max_model_len prompt fits a step
+    seqs = int(min(budget, rng.choice([2, 4, 8, 16, 64, 256])))
+    thr = int(rng.choice([0, 0, 0, 16, 48]))
+    policy = "priority" if rng.random() < 0.3 else "fcfs"
+    min_blocks = -(-mml // bs)
+    nblocks = int(rng.integers(min_blocks, min_blocks * 5)) + 1
+    extra = {}
+    if rng.random() < 0.2 and chunking:
+        extra["max_num_scheduled_tokens"] = int(rng.integers(max(seqs, 8), budget + 1))
+    if rng.random() < 0.2:
+        extra["max_num_active_seqs"] = int(rng.integers(1, seqs + 1))
+    if rng.random() < 0.2 and thr:
+        extra["long_prefill_token_threshold_adaptive"] = True
+    if rng.random() < 0.15:
+        extra["prefill_schedule_interval"] = int(rng.integers(2, 5))
+    if rng.random() < 0.15:
+        extra["watermark"] = float(rng.choice([0.05, 0.1]))
+    if rng.random() < 0.15:
+        extra["scheduler_reserve_full_isl"] = False
+    n = int(rng.integers(10, 120))
+    knobs = ", ".join(f"{k} {v}" for k, v in extra.items())
+    c = Case(f"differential_{seed}",
+             f"Differential case (seed {seed}): {n} requests, block_size {bs}, {nblocks} blocks, "
+             f"max_model_len {mml}, budget {budget}, max_num_seqs {seqs}, threshold {thr}, "
+             f"policy {policy}, chunking {'on' if chunking else 'off'}, caching "
+             f"{'on' if caching else 'off'}" + (f"; {knobs}" if knobs else "") + ".",
+             config(bs, nblocks, budget, seqs, mml, enable_prefix_caching=caching,
+                    enable_chunked_prefill=chunking, long_prefill_token_threshold=thr,
+                    policy=policy, extra=extra or None))
+    k = int(rng.integers(1, 6))
+    prefixes = [rng_tokens(rng, rng.integers(2, mml // 2)) for _ in range(k)]
+    t = 0.0
+    made: list[tuple[str, list[int]]] = []
+    mean_gap = float(rng.choice([0.2, 0.5, 1.0, 3.0]))
+    max_out = int(rng.choice([8, 32, 64, 200]))
+    for i in range(n):
+        if rng.random() > 0.25:                  # else: at the same instant as the one before
+            t = grid(t + rng.exponential(mean_gap))
+        max_tokens = int(rng.integers(1, max_out + 1))
+        u = rng.random()
+        prompt = None
+        if u < 0.15 and made:                    # a follow-up quoting an earlier answer
+            prev_id, prev_prompt = made[int(rng.integers(0, len(made)))]
+            cand = (prev_prompt + c.outputs_of(prev_id)[: int(rng.integers(0, 40))]
+                    + rng_tokens(rng, rng.integers(1, 30)))
+            if len(cand) < mml:
+                prompt = cand
+        if prompt is None and u < 0.7:
+            prompt = prefixes[int(rng.integers(0, k))] + rng_tokens(rng, rng.integers(0, mml // 2))
+        if not prompt:
+            prompt = rng_tokens(rng, rng.integers(1, mml))
+        prompt = prompt[: mml - 1]
+        prio = int(rng.integers(0, 4)) if policy == "priority" else 0
+        c.add(f"r{i}", t, prompt, max_tokens, priority=prio)
+        made.append((f"r{i}", prompt))
+    return c
+
+
+CASE_FUNCS += [(lambda s: (lambda: differential(s)))(s) for s in DIFFERENTIAL_SEEDS]
+
+
 def pending_cases() -> list[Case]:
     return [f() for f in PENDING_CASE_FUNCS]
 
@@ -835,10 +918,15 @@ def main() -> int:
     ap.add_argument("--out", default=HERE, help="folder to write <case>/ into (default: here)")
     ap.add_argument("--only", nargs="*", help="case names to write (default: all)")
     ap.add_argument("--list", action="store_true", help="print the case names and exit")
+    ap.add_argument("--differential", nargs=2, type=int, metavar=("FROM", "TO"),
+                    help="the differential cases of seeds FROM..TO-1 instead (differential.sh)")
     ap.add_argument("--pending", action="store_true",
                     help="the cases for knobs kvsim lacks (written to pending/; none now)")
     args = ap.parse_args()
-    cases = pending_cases() if args.pending else all_cases()
+    if args.differential:
+        cases = [differential(s) for s in range(*args.differential)]
+    else:
+        cases = pending_cases() if args.pending else all_cases()
     if args.pending and args.out == HERE:
         args.out = PENDING_DIR
     names = [c.name for c in cases]

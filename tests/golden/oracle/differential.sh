@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# A differential campaign: random cases (make_cases.py's differential(seed)),
+# the real vLLM 0.33 scheduler's trace of each, and kvsim on both paths
+# against it (check_cases.py). Nothing here is committed: the cases go to a
+# scratch folder; a seed worth keeping joins DIFFERENTIAL_SEEDS in make_cases.py.
+#
+# Usage: tests/golden/oracle/differential.sh FROM TO [DIR]   (seeds FROM..TO-1, DIR: a
+#        fresh folder, default /tmp/kvsim-differential)
+# Environment: VLLM_VENV, ORACLE_DIR, PYTHON as for regenerate.sh (the venv must exist:
+#        regenerate.sh creates it). About 0.1 s of oracle and 0.05 s of kvsim a case.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+VLLM_VENV="${VLLM_VENV:-/work/venv-vllm}"
+ORACLE_DIR="${ORACLE_DIR:-/work/shared/tools/vllm-oracle}"
+REPO="$(cd "$HERE/../../.." && pwd)"
+if [[ -z "${PYTHON:-}" ]]; then
+    if [[ -x "$REPO/.venv/bin/python" ]]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON=python3; fi
+fi
+if [[ $# -lt 2 ]]; then
+    echo "usage: differential.sh FROM TO [DIR]" >&2
+    exit 2
+fi
+from=$1 to=$2 dir=${3:-/tmp/kvsim-differential}
+if ! "$VLLM_VENV/bin/python" -c "import vllm" 2>/dev/null; then
+    echo "differential.sh: no vLLM in VLLM_VENV=$VLLM_VENV (run regenerate.sh once to create it)" >&2
+    exit 2
+fi
+rm -rf "$dir"
+mkdir -p "$dir"
+"$PYTHON" "$HERE/make_cases.py" --differential "$from" "$to" --out "$dir" 2> /dev/null
+mapfile -t dirs < <(ls -d "$dir"/differential_* | sort -V)
+"$VLLM_VENV/bin/python" "$HERE/run_cases.py" --oracle-dir "$ORACLE_DIR" "${dirs[@]}" > "$dir/oracle.log" 2>&1
+cd "$REPO"
+"$PYTHON" "$HERE/check_cases.py" "$dir"
