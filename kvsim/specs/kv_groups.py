@@ -191,6 +191,18 @@ def promote_local_specs(specs: list[LayerKVSpec]) -> list[LayerKVSpec]:
                             page_size_bytes=s.page_size_bytes * bs // s.block_size)
             out.append(s)
         specs = out
+        # The promoted layers keep their window (chunk) for the one group's
+        # FullAttentionSpec.merge, which takes at most one of each: vLLM raises
+        # (from is_kv_cache_spec_uniform) for two windows or two chunk sizes.
+        windows = {s.sliding_window for s in specs} - {None}
+        chunks = {s.attention_chunk_size for s in specs} - {None}
+        if len(windows) > 1 or len(chunks) > 1:
+            sizes = ", ".join(map(str, sorted(windows if len(windows) > 1 else chunks)))
+            raise ValueError(f"disable_hybrid_kv_cache_manager: vLLM cannot put these layers in "
+                             f"one group: their layers promoted to full attention have "
+                             f"different {'sliding windows' if len(windows) > 1 else 'chunk sizes'}"
+                             f" ({sizes}; vLLM: 'All attention layers in the same KV cache group "
+                             f"must have the same window size.'); leave the hybrid manager on")
     if not (_is_uniform(specs) or _is_uniform_type(specs)):
         raise ValueError("disable_hybrid_kv_cache_manager: vLLM cannot put these layers in one "
                          "group (Mamba/linear-attention state needs the hybrid KV cache "

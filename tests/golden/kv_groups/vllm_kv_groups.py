@@ -78,6 +78,15 @@ CASES = {
     "llama4_like_3to1": ([chunked(chunk=8192)] * 3 + [full()], P * 4 * 1000, False),
     "all_chunked": ([chunked(chunk=64)] * 3, P * 3 * 100, False),
     "qwen3next_like_3to1": ([mamba(P // 4 - 100)] * 3 + [full()], P * 1000, False),
+    # Layouts vLLM refuses or merges only with the hybrid manager off (found by a
+    # differential campaign, tests/golden/oracle/README.md): promoted sliding
+    # layers of two windows cannot share the one full-attention group.
+    "two_windows": ([sw(window=32), sw(window=64), full()] * 2, P * 6 * 100, False),
+    "two_windows_hybrid_off": ([sw(window=32), sw(window=64), full()] * 2, P * 6 * 100, True),
+    "two_chunks_hybrid_off": ([chunked(chunk=32), chunked(chunk=64), full()], P * 3 * 100, True),
+    "sliding_chunked_full_hybrid_off": ([sw(window=32), chunked(chunk=64), full()], P * 3 * 100,
+                                        True),
+    "qwen3next_like_hybrid_off": ([mamba(P // 4 - 100)] * 3 + [full()], P * 1000, True),
 }
 
 SEQ_LENS = (1, 100, 1000, 5000, 40000)
@@ -146,7 +155,7 @@ def main() -> None:
         except (ValueError, NotImplementedError, AssertionError) as exc:
             results[name] = {"layers": [list(x) for x in layers], "memory": memory,
                              "disable_hybrid_kv_cache_manager": disable_hybrid,
-                             "error": type(exc).__name__}
+                             "error": type(exc).__name__, "message": str(exc)}
     json.dump({"vllm": "0.33.0", "bytes_per_token_layer_unit": "float32 x 2 KV heads",
                "cases": results}, sys.stdout, indent=1)
     sys.stdout.write("\n")
