@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from kvsim.scenario.loader import load_scenario
+from kvsim.scenario.schema import ScenarioError
 from kvsim.specs.kv_groups import (CHUNKED, FULL, MAMBA, SLIDING, LayerKVSpec,
                                    get_kv_cache_groups)
 
@@ -47,9 +49,10 @@ REFUSED = sorted(name for name, case in GOLDEN.items() if "error" in case)
 def test_groups_and_num_blocks_match_vllm(name):
     case = GOLDEN[name]
     groups = get_kv_cache_groups(to_specs(case["layers"]), case["disable_hybrid_kv_cache_manager"])
-    got = [{"layers": list(g.layers), "type": VLLM_TYPE[g.kind], "block_size": g.spec.block_size}
-           for g in groups.groups]
-    want = [{k: g[k] for k in ("layers", "type", "block_size")} for g in case["groups"]]
+    got = [{"layers": list(g.layers), "type": VLLM_TYPE[g.kind], "block_size": g.spec.block_size,
+            "uniform_type": g.uniform_type} for g in groups.groups]
+    want = [{k: g[k] for k in ("layers", "type", "block_size", "uniform_type")}
+            for g in case["groups"]]
     assert got == want
     assert groups.num_blocks(case["memory"]) == case["num_blocks"]
 
@@ -117,3 +120,26 @@ def test_mamba_state_is_one_block_or_two_in_align_mode():
     assert LayerKVSpec(MAMBA, 16, P).max_blocks_per_request(10**6, 8192) == 1
     assert LayerKVSpec(MAMBA, 16, P, mamba_cache_mode="align").max_blocks_per_request(
         10**6, 8192) == 2
+
+
+def test_a_uniform_type_group_is_refused_for_vllm_v1():
+    # vLLM 0.33 plans sliding + chunked + full layers with the hybrid manager off as one
+    # UniformTypeKVCacheSpecs group (golden case sliding_chunked_full_hybrid_off), but its
+    # scheduler has no KV manager for one (KVCacheSpecRegistry.get_manager_class is None):
+    # the engine fails at start-up, so the scenario is refused; with the manager on it runs.
+    sc = {"name": "uniform-type", "model": {"base": "gemma-3-1b", "attention_chunk_size": 64,
+                                            "layer_pattern": ["sliding_attention",
+                                                              "chunked_attention",
+                                                              "full_attention"]},
+          "hardware": {"gpu": "h100-sxm"},
+          "engine": {"disable_hybrid_kv_cache_manager": True, "max_model_len": 1024},
+          "workload": {"num_requests": 3, "arrival": {"type": "poisson", "rate": 1.0},
+                       "prompt_len": {"type": "fixed", "value": 10},
+                       "output_len": {"type": "fixed", "value": 5}}}
+    with pytest.raises(ScenarioError, match=r"^engine.disable_hybrid_kv_cache_manager: got true; "
+                                            r".*no KV manager"):
+        load_scenario(sc)
+    sc["engine"]["disable_hybrid_kv_cache_manager"] = False
+    groups = load_scenario(sc).sched_config.kv_groups.groups
+    assert [g.kind for g in groups] == [SLIDING, CHUNKED, FULL]
+    assert not any(g.uniform_type for g in groups)

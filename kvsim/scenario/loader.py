@@ -125,6 +125,14 @@ def load_scenario(path_or_dict, *, overrides: list[str] | list[tuple[str, Any]] 
             groups, block_size = capacity.kv_groups, capacity.block_size
     except ValueError as exc:
         raise ScenarioError(f"model/hardware: {exc}") from None
+    if eng.scheduler == "chunked" and any(g.uniform_type for g in groups.groups):
+        # vLLM KVCacheSpecRegistry.get_manager_class(UniformTypeKVCacheSpecs) is None:
+        # get_manager_for_kv_cache_spec asserts when the scheduler is built.
+        raise ScenarioError(
+            f"engine.disable_hybrid_kv_cache_manager: got true; {model.name}'s layers then form "
+            f"one group of specs that do not merge (sliding and chunked layers promoted to full "
+            f"attention: vLLM UniformTypeKVCacheSpecs), and vLLM 0.33's scheduler has no KV "
+            f"manager for such a group (it fails at start-up); leave the hybrid manager on")
     if block_size != eng.block_size:
         notes.append(f"engine.block_size: {eng.block_size} raised to {block_size} so that one "
                      f"attention page holds {model.name}'s linear-attention state (vLLM "

@@ -112,6 +112,9 @@ class KVCacheGroup:
     layers: tuple[int, ...]
     spec: LayerKVSpec
     layer_page_bytes: tuple[int, ...]   # each layer's page (differs inside a uniform-type group)
+    # Layers of one type whose specs do not merge (vLLM UniformTypeKVCacheSpecs): vLLM 0.33
+    # plans such a group, but its scheduler has no KV manager for it (the loader refuses it).
+    uniform_type: bool = False
 
     @property
     def kind(self) -> str:
@@ -167,7 +170,8 @@ def get_kv_cache_groups(specs: list[LayerKVSpec],
     if _is_uniform(specs):
         groups = [KVCacheGroup(tuple(indices), _merged(specs), tuple(s.page_size_bytes for s in specs))]
     elif _is_uniform_type(specs):
-        groups = [KVCacheGroup(tuple(indices), specs[0], tuple(s.page_size_bytes for s in specs))]
+        groups = [KVCacheGroup(tuple(indices), specs[0], tuple(s.page_size_bytes for s in specs),
+                               uniform_type=True)]
     else:
         specs = unify_page_sizes(specs)
         groups = _group_uniform_page_size(specs)

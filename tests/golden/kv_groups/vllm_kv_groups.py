@@ -138,6 +138,7 @@ def run_case(layers, memory, disable_hybrid):
             "type": type(one).__name__,
             "block_size": one.block_size,
             "sliding_window": getattr(one, "sliding_window", None),
+            "uniform_type": first is not None,     # UniformTypeKVCacheSpecs: no scheduler manager
         })
     for seq_len in SEQ_LENS:
         for in_flight in IN_FLIGHT:
