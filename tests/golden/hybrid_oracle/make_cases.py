@@ -130,18 +130,82 @@ CASES = {
 }
 
 
+def differential(seed: int) -> tuple[dict, list[dict]]:
+    """A random hybrid case (``differential.sh --hybrid``): a layer family (all
+    sliding, Gemma-like k:1, gpt-oss alternating, two windows + full, chunked
+    local + full, Mamba + full, sliding + chunked + full), block size, window
+    or chunk, budgets, cache size, caching, the hybrid manager on or off,
+    threshold, policy, and 15-89 requests of ``mix``."""
+    rng = np.random.default_rng(70_000 + seed)
+    fam = rng.choice(["sliding", "gemma", "alt", "windows", "chunked", "mamba", "local_mix"])
+    bs = int(rng.choice([4, 8, 16])) if fam != "mamba" else int(rng.choice([8, 16]))
+    w = int(rng.integers(bs + 1, 8 * bs))
+    if fam == "sliding":
+        layers = [f"sliding:{w}"] * int(rng.integers(1, 5))
+    elif fam == "gemma":
+        layers = ([f"sliding:{w}"] * int(rng.integers(1, 6)) + ["full"]) * int(rng.integers(1, 3))
+    elif fam == "alt":
+        layers = [f"sliding:{w}", "full"] * int(rng.integers(1, 3))
+    elif fam == "windows":
+        w2 = int(rng.integers(bs + 1, 8 * bs))
+        layers = [f"sliding:{w}", f"sliding:{w2}", "full"] * int(rng.integers(1, 3))
+    elif fam == "local_mix":
+        c = bs * int(rng.integers(2, 8))
+        layers = [f"sliding:{w}", f"chunked:{c}", "full"] * int(rng.integers(1, 3))
+    elif fam == "chunked":
+        c = bs * int(rng.integers(2, 8))
+        layers = [f"chunked:{c}"] * int(rng.integers(1, 4)) + ["full"]
+    else:
+        layers = (["mamba"] * int(rng.integers(1, 4)) + ["full"]) * int(rng.integers(1, 3))
+    mml = int(rng.choice([256, 384, 512]))
+    budget = int(rng.choice([32, 64, 96, 128, 256]))
+    seqs = int(min(budget, rng.choice([4, 8, 16, 32])))
+    caching = bool(rng.random() < 0.8)
+    per_request = -(-mml // bs)
+    # Room for one max_model_len request in every group (at most 6 per layer kind).
+    nblocks = int(per_request * len(set(layers)) * 6 * rng.uniform(1.05, 3.0)) + 1
+    disable = bool(rng.random() < 0.15)
+    threshold = int(rng.choice([0, 0, 0, 24, 40]))
+    policy = "priority" if rng.random() < 0.25 else "fcfs"
+    n = int(rng.integers(15, 90))
+    name = f"differential_{seed}"
+    return mix(name, 80_000 + seed, f"Hybrid differential case (seed {seed}, {fam}): "
+               f"{', '.join(layers)}; block_size {bs}, {nblocks} blocks, budget {budget}, "
+               f"max_num_seqs {seqs}, max_model_len {mml}, caching {'on' if caching else 'off'}, "
+               f"hybrid manager {'off' if disable else 'on'}, threshold {threshold}, {policy}.",
+               layers, bs=bs, nblocks=nblocks, budget=budget, seqs=seqs, mml=mml, n=n,
+               caching=caching, threshold=threshold, disable_hybrid=disable, policy=policy,
+               max_tokens=(1, int(rng.choice([16, 64, 150]))))
+
+
+# Seeds of ``differential`` kept as golden cases: picked from seeds 0-399 (all
+# of which match, tests/golden/oracle/README.md), one per layer family that
+# has no hand-made case (two windows + full, sliding + chunked + full) or
+# with preemptions (Gemma-like, chunked local), and Mamba.
+DIFFERENTIAL_SEEDS = (96, 150, 111, 74, 326)
+CASES.update({f"differential_{s}": (lambda s: lambda: differential(s))(s)
+              for s in DIFFERENTIAL_SEEDS})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", nargs="*")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--differential", nargs=2, type=int, metavar=("FROM", "TO"),
+                    help="write the random cases of seeds FROM..TO-1 to --out instead")
+    ap.add_argument("--out", default=HERE, help="folder for <case>/ (default: here)")
     args = ap.parse_args()
-    names = args.only or list(CASES)
+    cases = dict(CASES)
+    if args.differential:
+        cases = {f"differential_{s}": (lambda s: lambda: differential(s))(s)
+                 for s in range(*args.differential)}
+    names = args.only or list(cases)
     if args.list:
         print("\n".join(names))
         return
     for name in names:
-        config, reqs = CASES[name]()
-        d = os.path.join(HERE, name)
+        config, reqs = cases[name]()
+        d = os.path.join(args.out, name)
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump(config, f, indent=1)

@@ -4,8 +4,10 @@
 # against it (check_cases.py). Nothing here is committed: the cases go to a
 # scratch folder; a seed worth keeping joins DIFFERENTIAL_SEEDS in make_cases.py.
 #
-# Usage: tests/golden/oracle/differential.sh FROM TO [DIR]   (seeds FROM..TO-1, DIR: a
-#        fresh folder, default /tmp/kvsim-differential)
+# Usage: tests/golden/oracle/differential.sh [--hybrid] FROM TO [DIR]   (seeds FROM..TO-1,
+#        DIR: a fresh folder, default /tmp/kvsim-differential)
+#   --hybrid  models that mix layer types (tests/golden/hybrid_oracle/make_cases.py's
+#             differential(seed), run_hybrid_cases.py, hybrid_oracle/check_cases.py)
 # Environment: VLLM_VENV, ORACLE_DIR, PYTHON as for regenerate.sh (the venv must exist:
 #        regenerate.sh creates it). About 0.1 s of oracle and 0.05 s of kvsim a case.
 set -euo pipefail
@@ -17,8 +19,10 @@ REPO="$(cd "$HERE/../../.." && pwd)"
 if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x "$REPO/.venv/bin/python" ]]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON=python3; fi
 fi
+hybrid=0
+if [[ "${1:-}" == "--hybrid" ]]; then hybrid=1; shift; fi
 if [[ $# -lt 2 ]]; then
-    echo "usage: differential.sh FROM TO [DIR]" >&2
+    echo "usage: differential.sh [--hybrid] FROM TO [DIR]" >&2
     exit 2
 fi
 from=$1 to=$2 dir=${3:-/tmp/kvsim-differential}
@@ -28,8 +32,19 @@ if ! "$VLLM_VENV/bin/python" -c "import vllm" 2>/dev/null; then
 fi
 rm -rf "$dir"
 mkdir -p "$dir"
-"$PYTHON" "$HERE/make_cases.py" --differential "$from" "$to" --out "$dir" 2> /dev/null
-mapfile -t dirs < <(ls -d "$dir"/differential_* | sort -V)
-"$VLLM_VENV/bin/python" "$HERE/run_cases.py" --oracle-dir "$ORACLE_DIR" "${dirs[@]}" > "$dir/oracle.log" 2>&1
-cd "$REPO"
-"$PYTHON" "$HERE/check_cases.py" "$dir"
+if [[ $hybrid -eq 1 ]]; then
+    HYBRID="$HERE/../hybrid_oracle"
+    "$PYTHON" "$HYBRID/make_cases.py" --differential "$from" "$to" --out "$dir"
+    mapfile -t dirs < <(ls -d "$dir"/differential_* | sort -V)
+    # A case vLLM refuses or stalls on is reported in the log; the checker reads it.
+    "$VLLM_VENV/bin/python" "$HERE/run_hybrid_cases.py" --oracle-dir "$ORACLE_DIR" "${dirs[@]}" \
+        > "$dir/oracle.log" 2>&1 || true
+    cd "$REPO"
+    "$PYTHON" "$HYBRID/check_cases.py" "$dir"
+else
+    "$PYTHON" "$HERE/make_cases.py" --differential "$from" "$to" --out "$dir" 2> /dev/null
+    mapfile -t dirs < <(ls -d "$dir"/differential_* | sort -V)
+    "$VLLM_VENV/bin/python" "$HERE/run_cases.py" --oracle-dir "$ORACLE_DIR" "${dirs[@]}" > "$dir/oracle.log" 2>&1
+    cd "$REPO"
+    "$PYTHON" "$HERE/check_cases.py" "$dir"
+fi
