@@ -264,7 +264,11 @@ class KVMachine(RuleBasedStateMachine):
     @staticmethod
     def _full_state(kv):
         p = kv.pool
-        return (list(p.ref_cnt), list(p.block_hash), p.free_queue(), list(p._cached.items()),
+        # The hash map as a mapping, each hash's blocks in their order (B8: the
+        # first is the one a hit takes): nothing reads the order of the hashes
+        # themselves (a step's pops before its fills can evict and re-insert one).
+        return (list(p.ref_cnt), list(p.block_hash), p.free_queue(),
+                {h: e if type(e) is int else list(e) for h, e in p._cached.items()},
                 list(p.block_tokens), {rid: list(b) for rid, b in kv.req_to_blocks.items()},
                 dict(kv.num_cached_block), list(kv.blocks_to_copy))
 

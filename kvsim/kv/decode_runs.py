@@ -121,8 +121,11 @@ class DecodeRunSteps:
 
         Popping every block before caching any is the same as interleaving:
         popped blocks are free and cached ones are held, so evictions and
-        insertions touch different blocks and leave the hash map in the same
-        order.
+        insertions touch different blocks and leave the same hash map, each
+        hash's blocks in the same order (B8). (Not always its hashes in the
+        same dict order: a pop that evicts the last free holder of a hash a
+        fill of the step stores moves that hash to the end; nothing reads
+        that order.)
 
         ``chunk``: a chunk run, whose last request prefills (kv/chunk_runs.py).
         """
