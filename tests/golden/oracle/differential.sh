@@ -4,8 +4,9 @@
 # against it (check_cases.py). Nothing here is committed: the cases go to a
 # scratch folder; a seed worth keeping joins DIFFERENTIAL_SEEDS in make_cases.py.
 #
-# Usage: tests/golden/oracle/differential.sh [--hybrid] FROM TO [DIR]   (seeds FROM..TO-1,
+# Usage: tests/golden/oracle/differential.sh [--hybrid | --long] FROM TO [DIR]   (seeds FROM..TO-1,
 #        DIR: a fresh folder, default /tmp/kvsim-differential)
+#   --long    longer cases (make_cases.py's differential_long: long outputs and decode runs)
 #   --hybrid  models that mix layer types (tests/golden/hybrid_oracle/make_cases.py's
 #             differential(seed), run_hybrid_cases.py, hybrid_oracle/check_cases.py)
 # Environment: VLLM_VENV, ORACLE_DIR, PYTHON as for regenerate.sh (the venv must exist:
@@ -19,10 +20,11 @@ REPO="$(cd "$HERE/../../.." && pwd)"
 if [[ -z "${PYTHON:-}" ]]; then
     if [[ -x "$REPO/.venv/bin/python" ]]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON=python3; fi
 fi
-hybrid=0
+hybrid=0 long=()
 if [[ "${1:-}" == "--hybrid" ]]; then hybrid=1; shift; fi
+if [[ "${1:-}" == "--long" ]]; then long=(--long); shift; fi
 if [[ $# -lt 2 ]]; then
-    echo "usage: differential.sh [--hybrid] FROM TO [DIR]" >&2
+    echo "usage: differential.sh [--hybrid | --long] FROM TO [DIR]" >&2
     exit 2
 fi
 from=$1 to=$2 dir=${3:-/tmp/kvsim-differential}
@@ -42,7 +44,7 @@ if [[ $hybrid -eq 1 ]]; then
     cd "$REPO"
     "$PYTHON" "$HYBRID/check_cases.py" "$dir"
 else
-    "$PYTHON" "$HERE/make_cases.py" --differential "$from" "$to" --out "$dir" 2> /dev/null
+    "$PYTHON" "$HERE/make_cases.py" --differential "$from" "$to" "${long[@]}" --out "$dir" 2> /dev/null
     mapfile -t dirs < <(ls -d "$dir"/differential_* | sort -V)
     "$VLLM_VENV/bin/python" "$HERE/run_cases.py" --oracle-dir "$ORACLE_DIR" "${dirs[@]}" > "$dir/oracle.log" 2>&1
     cd "$REPO"

@@ -896,6 +896,58 @@ def differential(seed: int) -> Case:
 CASE_FUNCS += [(lambda s: (lambda: differential(s)))(s) for s in DIFFERENTIAL_SEEDS]
 
 
+def differential_long(seed: int) -> Case:
+    """A longer random case (``differential.sh --long``): ``max_model_len`` 1024-4096,
+    outputs of up to 1,500 tokens, 50-300 requests, so decode runs are long, cross
+    many block boundaries and are cut by arrivals, finishes and preemptions; the
+    knobs as in ``differential``."""
+    rng = np.random.default_rng(60_000 + seed)
+    bs = int(rng.choice([8, 16, 16, 32]))
+    mml = int(rng.choice([1024, 2048, 4096]))
+    chunking = rng.random() < 0.85
+    caching = rng.random() < 0.85
+    budget = int(rng.choice([256, 512, 1024, 2048, 8192] if chunking else [4096, 8192]))
+    budget = budget if chunking else max(budget, mml)
+    seqs = int(min(budget, rng.choice([8, 32, 128, 256])))
+    thr = int(rng.choice([0, 0, 0, 128, 512]))
+    policy = "priority" if rng.random() < 0.3 else "fcfs"
+    min_blocks = -(-mml // bs)
+    nblocks = int(rng.integers(min_blocks, min_blocks * 4)) + 1
+    extra = {}
+    if rng.random() < 0.2 and chunking:
+        extra["max_num_scheduled_tokens"] = int(rng.integers(max(seqs, 8), budget + 1))
+    if rng.random() < 0.2:
+        extra["max_num_active_seqs"] = int(rng.integers(1, seqs + 1))
+    if rng.random() < 0.2 and thr:
+        extra["long_prefill_token_threshold_adaptive"] = True
+    if rng.random() < 0.15:
+        extra["prefill_schedule_interval"] = int(rng.integers(2, 5))
+    if rng.random() < 0.15:
+        extra["watermark"] = float(rng.choice([0.01, 0.05]))
+    if rng.random() < 0.15:
+        extra["scheduler_reserve_full_isl"] = False
+    n = int(rng.integers(50, 300))
+    c = Case(f"differential_long_{seed}", f"Long differential case (seed {seed})",
+             config(bs, nblocks, budget, seqs, mml, enable_prefix_caching=caching,
+                    enable_chunked_prefill=chunking, long_prefill_token_threshold=thr,
+                    policy=policy, extra=extra or None))
+    prefixes = [rng_tokens(rng, rng.integers(16, mml // 4)) for _ in range(int(rng.integers(1, 6)))]
+    t = 0.0
+    mean_gap = float(rng.choice([0.5, 2.0, 8.0, 30.0]))
+    for i in range(n):
+        if rng.random() > 0.2:
+            t = grid(t + rng.exponential(mean_gap))
+        max_tokens = int(rng.integers(1, 1500))
+        if rng.random() < 0.6:
+            prompt = prefixes[int(rng.integers(0, len(prefixes)))] + rng_tokens(
+                rng, rng.integers(1, mml // 2))
+        else:
+            prompt = rng_tokens(rng, rng.integers(1, mml // 2))
+        prio = int(rng.integers(0, 4)) if policy == "priority" else 0
+        c.add(f"r{i}", t, prompt[: mml - 1], max_tokens, priority=prio)
+    return c
+
+
 def pending_cases() -> list[Case]:
     return [f() for f in PENDING_CASE_FUNCS]
 
@@ -920,11 +972,14 @@ def main() -> int:
     ap.add_argument("--list", action="store_true", help="print the case names and exit")
     ap.add_argument("--differential", nargs=2, type=int, metavar=("FROM", "TO"),
                     help="the differential cases of seeds FROM..TO-1 instead (differential.sh)")
+    ap.add_argument("--long", action="store_true",
+                    help="with --differential: the long cases (differential_long)")
     ap.add_argument("--pending", action="store_true",
                     help="the cases for knobs kvsim lacks (written to pending/; none now)")
     args = ap.parse_args()
     if args.differential:
-        cases = [differential(s) for s in range(*args.differential)]
+        make = differential_long if args.long else differential
+        cases = [make(s) for s in range(*args.differential)]
     else:
         cases = pending_cases() if args.pending else all_cases()
     if args.pending and args.out == HERE:
