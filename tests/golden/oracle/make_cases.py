@@ -827,6 +827,25 @@ PENDING_CASE_FUNCS: list = []     # none now
 DIFFERENTIAL_SEEDS = (759, 946, 533, 652, 2025, 1428, 748, 1193, 848, 1111, 1313, 2190)
 
 
+def random_knobs(rng, chunking: bool, budget: int, seqs: int, threshold: int,
+                 watermarks: list[float]) -> dict:
+    """Now and then each vLLM 0.33 knob kvsim models (``extra_scheduler_config``)."""
+    extra = {}
+    if rng.random() < 0.2 and chunking:
+        extra["max_num_scheduled_tokens"] = int(rng.integers(max(seqs, 8), budget + 1))
+    if rng.random() < 0.2:
+        extra["max_num_active_seqs"] = int(rng.integers(1, seqs + 1))
+    if rng.random() < 0.2 and threshold:
+        extra["long_prefill_token_threshold_adaptive"] = True
+    if rng.random() < 0.15:
+        extra["prefill_schedule_interval"] = int(rng.integers(2, 5))
+    if rng.random() < 0.15:
+        extra["watermark"] = float(rng.choice(watermarks))
+    if rng.random() < 0.15:
+        extra["scheduler_reserve_full_isl"] = False
+    return extra
+
+
 def differential(seed: int) -> Case:
     rng = np.random.default_rng(50_000 + seed)
     bs = int(rng.choice([4, 8, 16, 16, 32]))
@@ -841,19 +860,7 @@ def differential(seed: int) -> Case:
     policy = "priority" if rng.random() < 0.3 else "fcfs"
     min_blocks = -(-mml // bs)
     nblocks = int(rng.integers(min_blocks, min_blocks * 5)) + 1
-    extra = {}
-    if rng.random() < 0.2 and chunking:
-        extra["max_num_scheduled_tokens"] = int(rng.integers(max(seqs, 8), budget + 1))
-    if rng.random() < 0.2:
-        extra["max_num_active_seqs"] = int(rng.integers(1, seqs + 1))
-    if rng.random() < 0.2 and thr:
-        extra["long_prefill_token_threshold_adaptive"] = True
-    if rng.random() < 0.15:
-        extra["prefill_schedule_interval"] = int(rng.integers(2, 5))
-    if rng.random() < 0.15:
-        extra["watermark"] = float(rng.choice([0.05, 0.1]))
-    if rng.random() < 0.15:
-        extra["scheduler_reserve_full_isl"] = False
+    extra = random_knobs(rng, chunking, budget, seqs, thr, watermarks=[0.05, 0.1])
     n = int(rng.integers(10, 120))
     knobs = ", ".join(f"{k} {v}" for k, v in extra.items())
     c = Case(f"differential_{seed}",
@@ -913,19 +920,7 @@ def differential_long(seed: int) -> Case:
     policy = "priority" if rng.random() < 0.3 else "fcfs"
     min_blocks = -(-mml // bs)
     nblocks = int(rng.integers(min_blocks, min_blocks * 4)) + 1
-    extra = {}
-    if rng.random() < 0.2 and chunking:
-        extra["max_num_scheduled_tokens"] = int(rng.integers(max(seqs, 8), budget + 1))
-    if rng.random() < 0.2:
-        extra["max_num_active_seqs"] = int(rng.integers(1, seqs + 1))
-    if rng.random() < 0.2 and thr:
-        extra["long_prefill_token_threshold_adaptive"] = True
-    if rng.random() < 0.15:
-        extra["prefill_schedule_interval"] = int(rng.integers(2, 5))
-    if rng.random() < 0.15:
-        extra["watermark"] = float(rng.choice([0.01, 0.05]))
-    if rng.random() < 0.15:
-        extra["scheduler_reserve_full_isl"] = False
+    extra = random_knobs(rng, chunking, budget, seqs, thr, watermarks=[0.01, 0.05])
     n = int(rng.integers(50, 300))
     c = Case(f"differential_long_{seed}", f"Long differential case (seed {seed})",
              config(bs, nblocks, budget, seqs, mml, enable_prefix_caching=caching,
