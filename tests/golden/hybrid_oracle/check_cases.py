@@ -23,7 +23,9 @@ import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))     # tests/
+# This tree's kvsim, not an installed one (a campaign checks the tree it runs from),
+# and its tests/ (the comparisons of the golden tests).
+sys.path[:0] = [str(Path(__file__).resolve().parents[3]), str(Path(__file__).resolve().parents[2])]
 import kvsim  # noqa: E402
 from kvsim.specs.kv_groups import get_kv_cache_groups  # noqa: E402
 from test_hybrid_oracle_traces import VLLM_KIND, layer_specs, loaded  # noqa: E402

@@ -15,7 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))     # tests/
+# This tree's kvsim, not an installed one (a campaign checks the tree it runs from),
+# and its tests/ (the comparisons of the golden tests).
+sys.path[:0] = [str(Path(__file__).resolve().parents[3]), str(Path(__file__).resolve().parents[2])]
 from test_oracle_traces import first_difference, run_trace  # noqa: E402
 
 
