@@ -14,12 +14,7 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-VLLM_VENV="${VLLM_VENV:-/work/venv-vllm}"
-ORACLE_DIR="${ORACLE_DIR:-/work/shared/tools/vllm-oracle}"
-REPO="$(cd "$HERE/../../.." && pwd)"
-if [[ -z "${PYTHON:-}" ]]; then
-    if [[ -x "$REPO/.venv/bin/python" ]]; then PYTHON="$REPO/.venv/bin/python"; else PYTHON=python3; fi
-fi
+source "$HERE/oracle_env.sh"
 hybrid=0 long=()
 if [[ "${1:-}" == "--hybrid" ]]; then hybrid=1; shift; fi
 if [[ "${1:-}" == "--long" ]]; then long=(--long); shift; fi
