@@ -158,6 +158,11 @@ class Scheduler(Protocol):
         """The waiting head, taken out, when nothing runs and it can never start."""
         ...
 
+    def drop_waiting(self, req: Request) -> bool:
+        """Take a preempted request out of the waiting queue (False: it is not
+        there); the engine fails it (``Engine._break_livelock``)."""
+        ...
+
     def stats(self) -> dict[str, float]:
         """The scheduler's own counters, for ``Result.stats``."""
         ...

@@ -238,6 +238,12 @@ class ChunkedScheduler(ChunkedConnectorHooks, ChunkedDecodeRuns, AsyncFinishing,
             if self.kv.allocate_slots(req, n, num_lookahead_tokens=self._lookahead) is not None:
                 return i, budget
 
+    def drop_waiting(self, req: Request) -> bool:
+        if not super().drop_waiting(req):
+            return False
+        self.cadence.deferred.discard(req)          # (prefill_schedule_interval's bookkeeping)
+        return True
+
     def _pick_victim(self) -> Request:
         """P1: FCFS takes the last running request; priority the worst one.
 

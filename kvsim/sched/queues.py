@@ -78,5 +78,13 @@ class QueuedRequests:
     def get_request_counts(self) -> tuple[int, int]:
         return len(self.running), len(self.waiting)
 
+    def drop_waiting(self, req: Request) -> bool:
+        """Take ``req`` out of the waiting queue, if it waits there (the engine
+        gives up on a request that livelocks, ``Engine._break_livelock``)."""
+        if req not in self.waiting:
+            return False
+        self.waiting.remove(req)
+        return True
+
     def close(self) -> None:
         """Nothing held in a cycle (the paged schedulers close their KV manager)."""

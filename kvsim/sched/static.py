@@ -65,6 +65,9 @@ class StaticScheduler:
     def next_wakeup_time(self) -> float:
         return float("inf")                       # nothing happens outside the steps
 
+    def drop_waiting(self, req: Request) -> bool:
+        return False                                # a static batch never preempts
+
     def pop_unschedulable(self) -> Request | None:
         return self.waiting.pop() if len(self.waiting) else None
 
