@@ -41,7 +41,9 @@ if [[ $hybrid -eq 1 ]]; then
 else
     "$PYTHON" "$HERE/make_cases.py" --differential "$from" "$to" "${long[@]}" --out "$dir" 2> /dev/null
     mapfile -t dirs < <(ls -d "$dir"/differential_* | sort -V)
-    "$VLLM_VENV/bin/python" "$HERE/run_cases.py" --oracle-dir "$ORACLE_DIR" "${dirs[@]}" > "$dir/oracle.log" 2>&1
+    # A case the oracle stops (a livelock past --max-steps) is reported in the log; the checker reads it.
+    "$VLLM_VENV/bin/python" "$HERE/run_cases.py" --oracle-dir "$ORACLE_DIR" "${dirs[@]}" \
+        > "$dir/oracle.log" 2>&1 || true
     cd "$REPO"
     "$PYTHON" "$HERE/check_cases.py" "$dir"
 fi
