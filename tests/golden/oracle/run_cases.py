@@ -39,6 +39,9 @@ import time
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--oracle-dir", required=True, help="folder holding vllm_oracle.py")
+    ap.add_argument("--max-steps", type=int, default=5_000_000,
+                    help="stop a case after this many steps, as vllm_oracle.py --max-steps "
+                         "(default 5,000,000; a livelocked case writes every step until then)")
     ap.add_argument("case_dirs", nargs="+")
     args = ap.parse_args()
 
@@ -72,7 +75,7 @@ def main() -> int:
                     cfg["extra_scheduler_config"].pop(knob)
                 workload = vllm_oracle.load_workload(os.path.join(d, "workload.jsonl"), cfg)
                 totals = vllm_oracle.run(cfg, workload, os.path.join(d, out_name),
-                                         5_000_000, "per-request")
+                                         args.max_steps, "per-request")
             except (SystemExit, Exception) as e:  # report and go on with the other cases
                 failed.append(f"{name}/{out_name}")
                 print(f"{name}/{out_name}: FAILED: {type(e).__name__}: {e}", file=sys.stderr)
