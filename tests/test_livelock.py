@@ -95,13 +95,13 @@ def test_both_paths_count_the_same_steps_without_output(monkeypatch):
     # samples meanwhile), one step at a time on the step path; where the fast
     # path's runs end, both paths have counted the same steps without a token.
     seen = {}
-    count = engine.Engine._count_output
+    finish = engine.Engine._finish
 
-    def record(self, sampled, num_steps):
-        count(self, sampled, num_steps)
+    def record(self, finished):                    # after each step or run is counted
         seen[self.fast_path].append((self.env.now, self._steps_without_output))
+        finish(self, finished)
 
-    monkeypatch.setattr(engine.Engine, "_count_output", record)
+    monkeypatch.setattr(engine.Engine, "_finish", record)
     sc = {"name": "lone-prompts", "model": "llama-3.1-8b", "hardware": {"gpu": "h100-sxm"},
           "engine": {"max_num_batched_tokens": 64, "max_model_len": 4096},
           "cost_model": {"type": "constant", "step_time_s": 1.0},

@@ -357,8 +357,11 @@ class Engine(EngineRecords):
         if self.queue_limits is not None:
             self.queue_limits.outputs(plan.scheduled)      # first tokens leave the prefill backlog
         self._record(plan, finished, start, duration)
+        if plan.num_sampled or finished:                   # steps in a row that made no token
+            self._steps_without_output = 0
+        else:
+            self._steps_without_output += 1
         self._finish(finished)
-        self._count_output(bool(plan.num_sampled or finished), 1)
         if plan.preempted and self._steps_without_output >= LIVELOCK_STEPS:
             self._break_livelock(plan.preempted)
         if plan.is_empty and self._stuck(plan):
@@ -388,9 +391,11 @@ class Engine(EngineRecords):
             # A chunk run's request that got its first token leaves the prefill backlog.
             self.queue_limits.outputs(((run.requests[-1], run.chunk, 0),))
         self._record_run(flight, finished)
+        if run.chunk and run.num_seqs == 1 and k != run.chunk_end_step:
+            self._steps_without_output += k            # a lone prompt's chunks make no token
+        else:
+            self._steps_without_output = 0             # every decode made one
         self._finish(finished)
-        # Every decode samples a token each step; a lone prompt's chunks, only its last.
-        self._count_output(not (run.chunk and run.num_seqs == 1 and k != run.chunk_end_step), k)
 
     def _cut_run(self) -> None:
         """A request was submitted mid-run: keep the steps that already started
@@ -430,11 +435,6 @@ class Engine(EngineRecords):
     def _progress_possible(self) -> bool:
         running, waiting = self.scheduler.get_request_counts()
         return running > 0 or waiting == 0
-
-    def _count_output(self, sampled: bool, num_steps: int) -> None:
-        """``num_steps`` steps went by; ``sampled``: the last of them made a token
-        (or finished a request). Counts the steps in a row that made none."""
-        self._steps_without_output = 0 if sampled else self._steps_without_output + num_steps
 
     def _break_livelock(self, preempted: list[Request]) -> None:
         """No request sampled a token in ``LIVELOCK_STEPS`` steps and this step
