@@ -42,8 +42,9 @@ else
     "$PYTHON" "$HERE/make_cases.py" --differential "$from" "$to" "${long[@]}" --out "$dir" 2> /dev/null
     mapfile -t dirs < <(ls -d "$dir"/differential_* | sort -V)
     # A case the oracle stops (a livelock past --max-steps) is reported in the log; the checker reads it.
-    "$VLLM_VENV/bin/python" "$HERE/run_cases.py" --oracle-dir "$ORACLE_DIR" "${dirs[@]}" \
-        > "$dir/oracle.log" 2>&1 || true
+    # 300,000 steps: 8 times the longest case of 400 long seeds; a livelock gives up in seconds.
+    "$VLLM_VENV/bin/python" "$HERE/run_cases.py" --oracle-dir "$ORACLE_DIR" --max-steps 300000 \
+        "${dirs[@]}" > "$dir/oracle.log" 2>&1 || true
     cd "$REPO"
     "$PYTHON" "$HERE/check_cases.py" "$dir"
 fi
