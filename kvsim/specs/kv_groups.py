@@ -201,12 +201,13 @@ def promote_local_specs(specs: list[LayerKVSpec]) -> list[LayerKVSpec]:
         windows = {s.sliding_window for s in specs} - {None}
         chunks = {s.attention_chunk_size for s in specs} - {None}
         if len(windows) > 1 or len(chunks) > 1:
-            sizes = ", ".join(map(str, sorted(windows if len(windows) > 1 else chunks)))
+            what, sizes = (("sliding windows", windows) if len(windows) > 1
+                           else ("chunk sizes", chunks))
             raise ValueError(f"disable_hybrid_kv_cache_manager: vLLM cannot put these layers in "
-                             f"one group: their layers promoted to full attention have "
-                             f"different {'sliding windows' if len(windows) > 1 else 'chunk sizes'}"
-                             f" ({sizes}; vLLM: 'All attention layers in the same KV cache group "
-                             f"must have the same window size.'); leave the hybrid manager on")
+                             f"one group: their layers promoted to full attention have different "
+                             f"{what} ({', '.join(map(str, sorted(sizes)))}; vLLM: 'All attention "
+                             f"layers in the same KV cache group must have the same window "
+                             f"size.'); leave the hybrid manager on")
     if not (_is_uniform(specs) or _is_uniform_type(specs)):
         raise ValueError("disable_hybrid_kv_cache_manager: vLLM cannot put these layers in one "
                          "group (Mamba/linear-attention state needs the hybrid KV cache "
