@@ -111,7 +111,7 @@ for router in ("round_robin", "least_loaded", "prefix_aware"):
                      "median_ttft_ms": s["median_ttft_ms"], "p99_ttft_ms": s["p99_ttft_ms"],
                      "imbalance_routed": s["imbalance_routed"]})
 sweep = pd.DataFrame(rows)
-display(sweep.pivot(index="replicas", columns="router", values="hit_rate").style.format("{:.1%}"))
+display(sweep.pivot(index="replicas", columns="router", values="hit_rate").map("{:.1%}".format))
 
 # %%
 from kvsim.plots import metric_lines
