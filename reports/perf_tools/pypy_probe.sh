@@ -1,7 +1,8 @@
 #!/bin/bash
 # usage: pypy_probe.sh TREE [REPS] [--fleet]: W1's engine loop (run_engine on W1's request specs)
 # REPS times in one CPython process and in one PyPy process, with a fingerprint of the
-# results; --fleet adds W7's replica 0 (its workload drawn and routed whole, as a worker does).
+# results; --fleet adds W7's replicas $FLEET_REPLICAS (default 0; a worker's share of two:
+# 0,2,4,6,8,10,12,14), the workload drawn and routed whole, as a worker does.
 #
 # A measurement, not a way to run kvsim: kvsim needs Python 3.11, and the PyPy this
 # machine can install is Debian's 7.3.11 (Python 3.9). So the script runs a scratch copy
@@ -44,6 +45,6 @@ W1="$TREE/scenarios/bench/w1.yaml"; W7="$TREE/scenarios/bench/w7.yaml"
 (cd "$TREE" && PYTHONPATH="$TREE" "$PY" "$HERE/run_engine.py" "$W1" "$T/w1.pkl" "$REPS")
 (cd "$T" && PYTHONPATH="$T:$T/stub" "$PYPY" "$HERE/run_engine.py" "$W1" "$T/w1.pkl" "$REPS")
 if [ "$FLEET" = --fleet ]; then
-  (cd "$TREE" && PYTHONPATH="$TREE" "$PY" "$HERE/fleet_share.py" "$W7" 0)
-  (cd "$T" && PYTHONPATH="$T:$T/stub" "$PYPY" "$HERE/fleet_share.py" "$W7" 0)
+  (cd "$TREE" && PYTHONPATH="$TREE" "$PY" "$HERE/fleet_share.py" "$W7" "${FLEET_REPLICAS:-0}")
+  (cd "$T" && PYTHONPATH="$T:$T/stub" "$PYPY" "$HERE/fleet_share.py" "$W7" "${FLEET_REPLICAS:-0}")
 fi
