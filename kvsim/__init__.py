@@ -7,6 +7,12 @@
 
 __version__ = "0.1.0"
 
+# A compiled build of these very sources, if one was made (kvsim native build),
+# runs the hot path instead of the .py files; else nothing changes (kvsim/native).
+from kvsim.native import install as _install_native
+
+_install_native()
+
 __all__ = ["load_scenario", "simulate", "Result", "ScenarioError"]
 
 

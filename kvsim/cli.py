@@ -31,6 +31,8 @@ COMMANDS = {
     "bench": ("kvsim.bench", "speed benchmarks: out/performance.md (reports/ with --update-reports)"),
     "view": ("kvsim.view", "one self-contained HTML page of a run, sweep or plan folder"),
     "schema": ("kvsim.schema_cli", "print the scenario JSON Schema (for editors)"),
+    "native": ("kvsim.native.build", "compile the engine's hot modules with Cython (optional), "
+                                     "or show / remove builds"),
 }
 
 

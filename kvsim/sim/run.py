@@ -128,4 +128,8 @@ def run_engine(specs: Iterable[RequestSpec], config: SchedulerConfig, *,
         env.run()
     engine.close()
     frontend.check_all_sent()
+    # The two callbacks above hold ``engine`` and ``frontend``: Python gives each
+    # lambda its own variable's cell, a compiled build (kvsim/native) one scope of
+    # both, in which the front end's callback reaches the front end. Let go.
+    frontend = None
     return engine
