@@ -131,3 +131,12 @@ def test_only_hot_modules_are_built(tmp_path, monkeypatch):
     from kvsim.native.build import NativeError, build
     with pytest.raises(NativeError, match="kvsim.view is not a hot module"):
         build(("kvsim.view",))
+
+
+def test_the_bench_says_which_code_ran(built, monkeypatch, tmp_path):
+    from kvsim.bench.render import engine_code
+    monkeypatch.setenv("KVSIM_NATIVE", "1")
+    monkeypatch.setenv("KVSIM_NATIVE_DIR", str(tmp_path / "none"))
+    assert engine_code() == "pure Python (no compiled build of these sources)"
+    monkeypatch.setenv("KVSIM_NATIVE", "0")
+    assert engine_code() == "pure Python (KVSIM_NATIVE=0)"

@@ -48,7 +48,18 @@ def machine_info() -> dict:
         "cpu": cpu, "cores": len(os.sched_getaffinity(0)), "python": platform.python_version(),
         "numpy": numpy.__version__, "loadavg": os.getloadavg(),
         "reference_loop_ms": reference_loop_ms(),
+        "engine_code": engine_code(),
     }
+
+
+def engine_code() -> str:
+    """What the runs execute: the plain modules, or a compiled build of them (kvsim/native)."""
+    from kvsim import native
+    s = native.status()
+    if s["built"] and not s["disabled"]:
+        return f"the hot modules compiled (`kvsim native build` {s['fingerprint']})"
+    return "pure Python (no compiled build of these sources)" if not s["disabled"] else \
+        "pure Python (KVSIM_NATIVE=0)"
 
 
 def git_commit() -> str:
@@ -186,6 +197,8 @@ def render_report(measurements: list[Measurement], *, machine: dict, load_end: t
             f"| {machine['cpu']} | {cores} | {machine['python']} | {machine['numpy']} | "
             f"{' / '.join(f'{x:.2f}' for x in machine['loadavg'])} | "
             f"{' / '.join(f'{x:.2f}' for x in load_end)} |", ""]
+    if machine.get("engine_code"):
+        out += [f"Engine code: {machine['engine_code']} (docs/bench.md, \"Compiled modules\").", ""]
     start_ms = machine.get("reference_loop_ms")
     if start_ms is not None:
         end = "" if reference_end_ms is None else f", {reference_end_ms:.1f} ms at the end"
