@@ -109,7 +109,7 @@ def test_the_command_list_imports_no_command_and_says_what_each_module_says():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     *text, imported = done.stdout.splitlines()
-    assert imported == "['kvsim.cli', 'kvsim.sim', 'kvsim.sim.gc_pause']"
+    assert imported == "['kvsim.cli', 'kvsim.native', 'kvsim.sim', 'kvsim.sim.gc_pause']"
     assert "\n".join(text) + "\n" == build_parser().format_help()
     typo = kvsim("bogus")
     assert typo.returncode == 2 and "invalid choice: 'bogus'" in typo.stderr

@@ -33,6 +33,8 @@ LAYER_NAMES = ["specs", "kv, workload, cost", "sched", "sim", "fleet", "metrics"
                "plots", "commands"]
 UNITS = {
     "kvsim.specs": 0,
+    "kvsim.native": 0,               # the import finder of compiled builds: imports no kvsim module
+    "kvsim.native.build": 8,         # `kvsim native build | status | clean`
     "kvsim.kv": 1, "kvsim.workload": 1, "kvsim.cost": 1,
     "kvsim.sched": 2,
     "kvsim.sim": 3,

@@ -124,7 +124,8 @@ def _made(path: Path) -> Path:
 # ---------------------------------------------------------------- command line
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("native", help="compile the engine's hot modules (Cython), or show / remove builds",
+    p = sub.add_parser("native", help="compile the engine's hot modules with Cython (optional), "
+                                      "or show / remove builds",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("action", choices=["build", "status", "clean"], nargs="?", default="status")
     p.add_argument("--jobs", type=int, default=None, help="compiler processes (default: every core)")
