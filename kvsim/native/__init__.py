@@ -149,15 +149,6 @@ def active() -> dict:
     return {"compiled": compiled, "build": str(finder.folder) if finder else None}
 
 
-def describe() -> str:
-    """One line for a report: 'pure Python' or how many hot modules run compiled."""
-    state = active()
-    if state["build"] is None:
-        return "pure Python"
-    return (f"compiled hot path ({len(state['compiled'])} of {len(HOT_MODULES)} modules imported "
-            f"compiled, build {Path(state['build']).name})")
-
-
 def status() -> dict:
     """The build of these sources (if any) and every other build under the root."""
     root = native_root()

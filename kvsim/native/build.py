@@ -29,12 +29,12 @@ def build(modules: tuple[str, ...] = HOT_MODULES, *, jobs: int | None = None,
     except ImportError as exc:
         raise NativeError(f"kvsim native build needs Cython and setuptools ({exc.name} is not "
                           f"installed): pip install 'kvsim[native]'") from None
-    unknown = [m for m in modules if not source_path(m, package_dir).is_file()]
-    if unknown:
-        raise NativeError(f"kvsim native build: no source for {', '.join(unknown)} under {package_dir}")
     unknown = [m for m in modules if m not in HOT_MODULES]
     if unknown:
         raise NativeError(f"kvsim native build: {', '.join(unknown)} is not a hot module (kvsim.native.HOT_MODULES)")
+    missing = [m for m in modules if not source_path(m, package_dir).is_file()]
+    if missing:
+        raise NativeError(f"kvsim native build: no source for {', '.join(missing)} under {package_dir}")
     fp = fingerprint(package_dir)
     dest = native_root() / fp
     if (made := _manifest(dest)) is not None and sorted(made["modules"]) == sorted(modules):
@@ -56,11 +56,6 @@ def build(modules: tuple[str, ...] = HOT_MODULES, *, jobs: int | None = None,
             shutil.copy2(src, tree.joinpath(*parts).with_suffix(".py"))
             if src.with_suffix(".pxd").is_file():
                 shutil.copy2(src.with_suffix(".pxd"), tree.joinpath(*parts).with_suffix(".pxd"))
-        for pxd in package_dir.rglob("*.pxd"):        # declarations a module cimports
-            target = tree / "kvsim" / pxd.relative_to(package_dir)
-            if not target.exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(pxd, target)
         exts = [Extension(m, [str(tree.joinpath(*m.split(".")).with_suffix(".py"))]) for m in modules]
         cwd = os.getcwd()
         os.chdir(tmp)                                # (setuptools reads no project file of ours)
@@ -79,7 +74,8 @@ def build(modules: tuple[str, ...] = HOT_MODULES, *, jobs: int | None = None,
                               f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}") from exc
         finally:
             os.chdir(cwd)
-        staging = Path(tempfile.mkdtemp(prefix=f".{fp}-", dir=_made(native_root())))
+        native_root().mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{fp}-", dir=native_root()))
         for m in modules:
             name = m.rsplit(".", 1)[1] + EXT_SUFFIX
             built = Path(tmp, "out", *m.split(".")[:-1], name)
@@ -114,11 +110,6 @@ def clean() -> int:
             shutil.rmtree(p)
             n += 1
     return n
-
-
-def _made(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 # ---------------------------------------------------------------- command line
