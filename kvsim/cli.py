@@ -16,7 +16,15 @@ import os
 import sys
 from typing import NoReturn
 
-from kvsim.sim.gc_pause import collector_paused
+# numpy's OpenBLAS starts a thread per other core when numpy is imported, and
+# each spins ~0.1 s of CPU waiting for work that kvsim never gives it: kvsim runs
+# no large matrix products, and its parallel commands use worker processes. So
+# the command runs BLAS on one thread, unless the user's environment says
+# otherwise. The products that are left (the calibration fits) stay small, and
+# on one thread they give the same bits on any machine.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from kvsim.sim.gc_pause import collector_paused  # noqa: E402
 
 # name -> (module with add_parser, one-line help)
 COMMANDS = {

@@ -113,3 +113,21 @@ def test_the_command_list_imports_no_command_and_says_what_each_module_says():
     assert "\n".join(text) + "\n" == build_parser().format_help()
     typo = kvsim("bogus")
     assert typo.returncode == 2 and "invalid choice: 'bogus'" in typo.stderr
+
+
+def test_the_command_runs_blas_on_one_thread_unless_the_environment_says_otherwise():
+    """kvsim.cli sets OPENBLAS_NUM_THREADS=1 before numpy is imported (its threads
+    only spin in kvsim), and leaves a value the user gave."""
+    import os
+
+    code = ("import os, sys; import kvsim.cli; import numpy; "
+            "print(os.environ['OPENBLAS_NUM_THREADS'], len(os.listdir('/proc/self/task')))")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "1"]           # one thread: numpy started no others
+    given = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=60, env={**env, "OPENBLAS_NUM_THREADS": "3"})
+    assert given.returncode == 0, given.stderr
+    assert given.stdout.split()[0] == "3"
