@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -142,7 +143,7 @@ class Scheduler(Protocol):
         while step ``num_started`` runs (a router reading state mid-run)."""
         ...
 
-    def apply_decode_run(self, run: DecodeRun, num_steps: int, token_times: list[float]) -> list[Request]:
+    def apply_decode_run(self, run: DecodeRun, num_steps: int, token_times: Sequence[float]) -> list[Request]:
         """The first ``num_steps`` steps of ``run``, ending at ``token_times``;
         returns the requests that finished in the last of them, freed."""
         ...

@@ -10,6 +10,8 @@ ahead of time; nothing here allocates or changes state except through
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kvsim.sched.base import DecodeRun, StepPlan
 from kvsim.sched.budget import StepBudget
 from kvsim.sched.request import Request, RequestStatus
@@ -187,7 +189,7 @@ class ChunkedDecodeRuns:
         budget.take(k)
         return k
 
-    def apply_decode_run(self, run: DecodeRun, num_steps: int, token_times: list[float]) -> list[Request]:
+    def apply_decode_run(self, run: DecodeRun, num_steps: int, token_times: Sequence[float]) -> list[Request]:
         """The run's steps, and their prefill cadence counters (sched/cadence.py)."""
         finished = super().apply_decode_run(run, num_steps, token_times)
         self.cadence.after_run(num_steps, len(self.waiting))

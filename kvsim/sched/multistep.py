@@ -35,6 +35,7 @@ preemption (the swap-in lookahead is not modelled).
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 
 from kvsim.sched.base import DecodeRun, StepPlan
 from kvsim.sched.config import SchedulerConfig
@@ -111,7 +112,7 @@ class MultiStepScheduler(ContinuousScheduler):
         run.steps_allocated = max(run.steps_allocated, num_started)   # nothing is allocated
 
     def apply_decode_run(self, run: DecodeRun, num_steps: int,
-                         token_times: list[float]) -> list[Request]:
+                         token_times: Sequence[float]) -> list[Request]:
         if not 1 <= num_steps <= run.max_steps or len(token_times) != num_steps:
             raise ValueError(f"apply_decode_run: {num_steps} steps of a run of {run.max_steps} "
                              f"with {len(token_times)} token times")

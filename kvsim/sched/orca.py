@@ -29,6 +29,7 @@ Free "blocks" are reported as free slots / block size, as for ``static``.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 
 from kvsim.kv.contiguous import ContiguousAllocator
 from kvsim.sched.base import DecodeRun, StepPlan, commit_scheduled, record_admission, sample_tokens
@@ -136,7 +137,7 @@ class OrcaScheduler(QueuedRequests):
         run.steps_allocated = max(run.steps_allocated, num_started)   # slabs are reserved: nothing to do
 
     def apply_decode_run(self, run: DecodeRun, num_steps: int,
-                         token_times: list[float]) -> list[Request]:
+                         token_times: Sequence[float]) -> list[Request]:
         if not 1 <= num_steps <= run.max_steps or len(token_times) != num_steps:
             raise ValueError(f"apply_decode_run: {num_steps} steps of a run of {run.max_steps} "
                              f"with {len(token_times)} token times")

@@ -13,6 +13,7 @@ go. *Which* steps may be skipped is each scheduler's own rule
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 
 from kvsim.sched.base import DecodeRun, sample_token
 from kvsim.sched.config import SchedulerConfig
@@ -147,7 +148,7 @@ class PagedScheduler(QueuedRequests):
             run.steps_allocated = num_started
 
     def apply_decode_run(self, run: DecodeRun, num_steps: int,
-                         token_times: list[float]) -> list[Request]:
+                         token_times: Sequence[float]) -> list[Request]:
         """S6-S7 of ``num_steps`` one-token steps, for every request of the batch."""
         if (not run.steps_allocated <= num_steps <= run.max_steps or num_steps < 1
                 or len(token_times) != num_steps):

@@ -32,6 +32,7 @@ exactly the computed tokens plus the one being written (A1), as vLLM does.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from kvsim.sched.base import DecodeRun, StepPlan, commit_scheduled, record_admission, sample_tokens
@@ -108,7 +109,7 @@ class SimpleChunkingScheduler(PagedScheduler):
         return self._make_run(*batch, _steps_with_a_free_block_each)
 
     def apply_decode_run(self, run: DecodeRun, num_steps: int,
-                         token_times: list[float]) -> list[Request]:
+                         token_times: Sequence[float]) -> list[Request]:
         finished = super().apply_decode_run(run, num_steps, token_times)
         for req in finished:
             self._prefill_end.pop(req.request_id, None)

@@ -10,6 +10,8 @@ them) and are returned only when the whole batch ends.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kvsim.kv.contiguous import ContiguousAllocator
 from kvsim.sched.base import DecodeRun, StepPlan, sample_tokens
 from kvsim.sched.queues import FcfsQueue
@@ -59,7 +61,7 @@ class StaticScheduler:
     def sync_decode_run(self, run: DecodeRun, num_started: int) -> None:
         raise NotImplementedError("static plans no decode runs")
 
-    def apply_decode_run(self, run: DecodeRun, num_steps: int, token_times: list[float]) -> list[Request]:
+    def apply_decode_run(self, run: DecodeRun, num_steps: int, token_times: Sequence[float]) -> list[Request]:
         raise NotImplementedError("static plans no decode runs")
 
     def next_wakeup_time(self) -> float:
