@@ -25,13 +25,17 @@ ROOT = Path(kvsim.__file__).resolve().parents[1]
 SOME = ("kvsim.kv.hashing", "kvsim.sched.paged")      # small, and on every run's path
 
 
-def _python(code: str, tree: Path, root: Path, **env) -> str:
+def _run(code: str, tree: Path, root: Path, **env) -> subprocess.CompletedProcess:
     environ = {**os.environ, "PYTHONPATH": str(tree), "KVSIM_NATIVE_DIR": str(root),
                "KVSIM_NATIVE": "1", **env}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env=environ, cwd=tree, timeout=300)
     assert out.returncode == 0, out.stderr
-    return out.stdout
+    return out
+
+
+def _python(code: str, tree: Path, root: Path, **env) -> str:
+    return _run(code, tree, root, **env).stdout
 
 
 RUN = """
@@ -106,6 +110,23 @@ def test_after_an_edit_the_plain_modules_run(built, tmp_path):
     path.write_text(path.read_text() + "\n# edited\n")
     assert json.loads(_python(RUN, edited, root))["compiled"] == []
     assert json.loads(_python(RUN, tree, root))["compiled"] == sorted(SOME)
+
+
+def test_a_build_that_does_not_load_runs_the_plain_modules(built, tmp_path):
+    """A damaged extension module (here cut to nothing; or a build from another
+    machine's libraries): one line on stderr, then the plain modules, the same bytes."""
+    tree, root = built
+    damaged = tmp_path / "damaged"
+    shutil.copytree(root, damaged)
+    next(damaged.rglob("paged" + native.EXT_SUFFIX)).write_bytes(b"")
+    out = _run(RUN, tree, damaged)
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("kvsim: a compiled module does "
+                                                                  "not load (")
+    assert "the plain modules run from here on" in out.stderr
+    run = json.loads(out.stdout)
+    assert "kvsim.sched.paged" not in run["compiled"]
+    plain = json.loads(_python(RUN, tree, root, KVSIM_NATIVE="0"))
+    assert run["requests"] == plain["requests"] and run["steps"] == plain["steps"]
 
 
 def test_status_says_whether_these_sources_are_built(built):

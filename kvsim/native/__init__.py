@@ -20,7 +20,9 @@ any one of them and the fingerprint names a build that does not exist: kvsim
 runs the plain modules again, all of them, until the next build. Stale
 compiled code never runs, and a module is never compiled against another
 module's older copy. ``KVSIM_NATIVE=0`` turns the finder off; nothing is
-looked up when no build was ever made.
+looked up when no build was ever made. A module of the build that does not
+load (a damaged file, another machine's build in a shared cache) is said in
+one line on stderr, and the plain modules run from then on.
 
 The plain modules are the reference. The tests run them (and
 tests/test_native.py builds a few modules and checks a run gives the same bytes),
@@ -32,6 +34,7 @@ What it buys is CPU time, and how much depends on the host (docs/bench.md,
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import sysconfig
@@ -108,10 +111,53 @@ class _NativeFinder:
         if name not in self.modules:
             return None
         so = self.folder.joinpath(*name.split(".")).with_name(name.rsplit(".", 1)[1] + EXT_SUFFIX)
-        import importlib.machinery
         import importlib.util
-        loader = importlib.machinery.ExtensionFileLoader(name, str(so))
-        return importlib.util.spec_from_file_location(name, so, loader=loader)
+        return importlib.util.spec_from_file_location(name, so, loader=_compiled_loader(self, name, so))
+
+    def give_up(self, exc: ImportError) -> None:
+        """A module of the build does not load (a damaged file, a build from another
+        machine): say so once, and let the plain modules run from here on."""
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+            print(f"kvsim: a compiled module does not load ({exc}); the plain modules run "
+                  f"from here on (to rebuild: kvsim native clean && kvsim native build)",
+                  file=sys.stderr)
+
+
+def _compiled_loader(finder: _NativeFinder, name: str, so: Path):
+    """The extension module's loader, which loads the plain module instead when the
+    extension does not load (the same source, so the same results: a process may
+    then run some modules compiled and the rest plain)."""
+    return _loader_class()(finder, name, str(so))
+
+
+@functools.cache
+def _loader_class():
+    # Made on first use: ``import kvsim`` without a build imports no importlib module.
+    import importlib.machinery
+    import importlib.util
+
+    class CompiledLoader(importlib.machinery.ExtensionFileLoader):
+        def __init__(self, finder: _NativeFinder, name: str, path: str) -> None:
+            super().__init__(name, path)
+            self.finder = finder
+            self.plain = None
+
+        def create_module(self, spec):
+            try:
+                return super().create_module(spec)
+            except ImportError as exc:
+                self.finder.give_up(exc)
+            self.plain = importlib.util.find_spec(spec.name)     # the finder is gone: the .py
+            return importlib.util.module_from_spec(self.plain)
+
+        def exec_module(self, module):
+            if self.plain is None:
+                return super().exec_module(module)
+            module.__spec__, module.__loader__ = self.plain, self.plain.loader
+            return self.plain.loader.exec_module(module)
+
+    return CompiledLoader
 
 
 def _manifest(folder: Path) -> dict | None:
