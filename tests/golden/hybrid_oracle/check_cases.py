@@ -89,8 +89,10 @@ def main(argv: list[str]) -> int:
         bad += len(problems)
         for p in problems:
             print(f"{case.name}: {p}", flush=True)
+    compiled = kvsim.native.active()["compiled"]    # (kvsim native build; KVSIM_NATIVE=0: plain)
+    code = f"{len(compiled)} hot modules compiled" if compiled else "the plain modules"
     print(f"{ran} cases run, {refused} refused by vLLM, {stalled} stopped in the oracle; "
-          f"{bad} mismatches")
+          f"{bad} mismatches ({code})")
     return 1 if bad or not ran else 0
 
 

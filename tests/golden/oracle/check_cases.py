@@ -103,7 +103,9 @@ def main(argv: list[str]) -> int:
     extra = (f", {livelocks} livelocked in the oracle (kvsim must match their first "
              f"{LIVELOCK_HEAD:,} steps, then end them)" if livelocks else "")
     extra += f", {skipped} stopped in the oracle otherwise (skipped)" if skipped else ""
-    print(f"{len(cases)} cases{extra}, {bad} mismatches (each case on both paths)")
+    compiled = kvsim.native.active()["compiled"]    # (kvsim native build; KVSIM_NATIVE=0: plain)
+    code = f"{len(compiled)} hot modules compiled" if compiled else "the plain modules"
+    print(f"{len(cases)} cases{extra}, {bad} mismatches (each case on both paths; {code})")
     return 1 if bad or not cases else 0
 
 
