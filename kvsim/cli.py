@@ -17,7 +17,7 @@ import sys
 from typing import NoReturn
 
 # numpy's OpenBLAS starts a thread per other core when numpy is imported, and
-# each spins ~0.1 s of CPU waiting for work that kvsim never gives it: kvsim runs
+# each spins ~0.08 s of CPU waiting for work that kvsim never gives it: kvsim runs
 # no large matrix products, and its parallel commands use worker processes. So
 # the command runs BLAS on one thread, unless the user's environment says
 # otherwise. The products that are left (the calibration fits) stay small, and

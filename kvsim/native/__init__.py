@@ -112,7 +112,8 @@ class _NativeFinder:
             return None
         so = self.folder.joinpath(*name.split(".")).with_name(name.rsplit(".", 1)[1] + EXT_SUFFIX)
         import importlib.util
-        return importlib.util.spec_from_file_location(name, so, loader=_compiled_loader(self, name, so))
+        loader = _loader_class()(self, name, str(so))
+        return importlib.util.spec_from_file_location(name, so, loader=loader)
 
     def give_up(self, exc: ImportError) -> None:
         """A module of the build does not load (a damaged file, a build from another
@@ -124,13 +125,6 @@ class _NativeFinder:
                   file=sys.stderr)
 
 
-def _compiled_loader(finder: _NativeFinder, name: str, so: Path):
-    """The extension module's loader, which loads the plain module instead when the
-    extension does not load (the same source, so the same results: a process may
-    then run some modules compiled and the rest plain)."""
-    return _loader_class()(finder, name, str(so))
-
-
 @functools.cache
 def _loader_class():
     # Made on first use: ``import kvsim`` without a build imports no importlib module.
@@ -138,6 +132,10 @@ def _loader_class():
     import importlib.util
 
     class CompiledLoader(importlib.machinery.ExtensionFileLoader):
+        """An extension module's loader that loads the plain module instead when the
+        extension does not load (the same source, so the same results: a process
+        may then run some modules compiled and the rest plain)."""
+
         def __init__(self, finder: _NativeFinder, name: str, path: str) -> None:
             super().__init__(name, path)
             self.finder = finder
