@@ -56,7 +56,11 @@ def build(modules: tuple[str, ...] = HOT_MODULES, *, jobs: int | None = None,
             shutil.copy2(src, tree.joinpath(*parts).with_suffix(".py"))
             if src.with_suffix(".pxd").is_file():
                 shutil.copy2(src.with_suffix(".pxd"), tree.joinpath(*parts).with_suffix(".pxd"))
-        exts = [Extension(m, [str(tree.joinpath(*m.split(".")).with_suffix(".py"))]) for m in modules]
+        # Without debug information (Python's flags ask for -g): the same code, a
+        # quarter less compile time, 6 MB of modules instead of 32.
+        flags = ["-g0"] if os.name == "posix" else []
+        exts = [Extension(m, [str(tree.joinpath(*m.split(".")).with_suffix(".py"))],
+                          extra_compile_args=flags) for m in modules]
         cwd = os.getcwd()
         os.chdir(tmp)                                # (setuptools reads no project file of ours)
         try:
