@@ -127,6 +127,11 @@ def test_a_build_that_does_not_load_runs_the_plain_modules(built, tmp_path):
     assert "kvsim.sched.paged" not in run["compiled"]
     plain = json.loads(_python(RUN, tree, root, KVSIM_NATIVE="0"))
     assert run["requests"] == plain["requests"] and run["steps"] == plain["steps"]
+    # `kvsim native status` and the bench's Machine line say so too.
+    status = _run("from kvsim.cli import main; main(['native', 'status'])", tree, damaged).stdout
+    assert "built, but it does not load (" in status and "paged" in status
+    code = _python("from kvsim.bench.render import engine_code; print(engine_code())", tree, damaged)
+    assert code.startswith("the build of these sources does not load (")
 
 
 def test_status_says_whether_these_sources_are_built(built):

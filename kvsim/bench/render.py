@@ -57,6 +57,10 @@ def engine_code() -> str:
     from kvsim import native
     s = native.status()
     if s["built"] and not s["disabled"]:
+        problem = native.load_problem()
+        if problem:
+            return (f"the build of these sources does not load ({problem}): the plain modules "
+                    f"run from the first that fails")
         return f"the hot modules compiled (`kvsim native build` {s['fingerprint']})"
     return "pure Python (no compiled build of these sources)" if not s["disabled"] else \
         "pure Python (KVSIM_NATIVE=0)"

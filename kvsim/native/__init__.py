@@ -203,3 +203,27 @@ def status() -> dict:
             "other_builds": [b for b in builds if b != current]}
 
 
+def load_problem() -> str | None:
+    """Why the build of these sources does not load, or None when every module of
+    it loads compiled (each imported in a fresh process, as a run would)."""
+    made = _manifest(native_root() / fingerprint())
+    if made is None:
+        return "no build of these sources"
+    code = ("import importlib, json, sys\n"
+            "from kvsim import native\n"
+            "for m in sys.argv[1:]:\n"
+            "    importlib.import_module(m)\n"
+            "print(json.dumps(native.active()['compiled']))")
+    import json
+    import re
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", code, *made["modules"]], capture_output=True,
+                         text=True, env={**os.environ, "KVSIM_NATIVE": "1"},
+                         cwd=str(PACKAGE_DIR.parent))
+    if out.returncode != 0:
+        return (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1]
+    plain = sorted(set(made["modules"]) - set(json.loads(out.stdout.splitlines()[-1])))
+    if plain:
+        said = re.search(r"does not load \((.*)\); the plain", out.stderr)
+        return said.group(1) if said else f"{', '.join(plain)} loaded plain"
+    return None

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from kvsim.native import (DIRECTIVES, EXT_SUFFIX, HOT_MODULES, PACKAGE_DIR, _manifest, fingerprint,
-                          native_root, source_path, status)
+                          load_problem, native_root, source_path, status)
 
 
 class NativeError(Exception):
@@ -139,7 +139,10 @@ def _main(args) -> int:
         print(f"removed {clean()} build(s) under {native_root()}")
         return 0
     s = status()
+    problem = load_problem() if s["built"] and not s["disabled"] else None
     state = ("disabled (KVSIM_NATIVE=0)" if s["disabled"] else
+             f"built, but it does not load ({problem}): kvsim native clean && kvsim native build"
+             if problem else
              "built: kvsim runs its hot path compiled" if s["built"] else
              "not built for these sources: kvsim runs pure Python (kvsim native build)")
     print(f"sources {s['fingerprint']}: {state}")
