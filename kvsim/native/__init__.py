@@ -100,6 +100,10 @@ def fingerprint(package_dir: Path = PACKAGE_DIR) -> str:
     return h.hexdigest()[:24]
 
 
+# Why this process stopped loading its build (``_NativeFinder.give_up``), if it did.
+_failure: str | None = None
+
+
 class _NativeFinder:
     """Finds the compiled copy of each module of one build (no other module)."""
 
@@ -118,8 +122,10 @@ class _NativeFinder:
     def give_up(self, exc: ImportError) -> None:
         """A module of the build does not load (a damaged file, a build from another
         machine): say so once, and let the plain modules run from here on."""
+        global _failure
         if self in sys.meta_path:
             sys.meta_path.remove(self)
+            _failure = str(exc)
             print(f"kvsim: a compiled module does not load ({exc}); the plain modules run "
                   f"from here on (to rebuild: kvsim native clean && kvsim native build)",
                   file=sys.stderr)
@@ -186,11 +192,13 @@ def install() -> _NativeFinder | None:
 
 
 def active() -> dict:
-    """Which modules of the hot path run compiled in this process, and from which build."""
+    """Which modules of the hot path run compiled in this process, from which build,
+    and why the build stopped loading (``failed``), if it did."""
     compiled = sorted(m for m in HOT_MODULES
                       if getattr(sys.modules.get(m), "__file__", "").endswith(EXT_SUFFIX))
     finder = next((f for f in sys.meta_path if isinstance(f, _NativeFinder)), None)
-    return {"compiled": compiled, "build": str(finder.folder) if finder else None}
+    return {"compiled": compiled, "build": str(finder.folder) if finder else None,
+            "failed": _failure}
 
 
 def status() -> dict:
@@ -213,17 +221,14 @@ def load_problem() -> str | None:
             "from kvsim import native\n"
             "for m in sys.argv[1:]:\n"
             "    importlib.import_module(m)\n"
-            "print(json.dumps(native.active()['compiled']))")
+            "print(json.dumps(native.active()))")
     import json
-    import re
     import subprocess
     out = subprocess.run([sys.executable, "-c", code, *made["modules"]], capture_output=True,
                          text=True, env={**os.environ, "KVSIM_NATIVE": "1"},
                          cwd=str(PACKAGE_DIR.parent))
     if out.returncode != 0:
         return (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1]
-    plain = sorted(set(made["modules"]) - set(json.loads(out.stdout.splitlines()[-1])))
-    if plain:
-        said = re.search(r"does not load \((.*)\); the plain", out.stderr)
-        return said.group(1) if said else f"{', '.join(plain)} loaded plain"
-    return None
+    ran = json.loads(out.stdout.splitlines()[-1])
+    plain = sorted(set(made["modules"]) - set(ran["compiled"]))
+    return ran["failed"] or (f"{', '.join(plain)} loaded plain" if plain else None)
