@@ -122,6 +122,33 @@ def test_max_concurrent_adds_the_replicas_running_counts_along_time():
     assert max_concurrent([a]) == 3
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(0, 6), st.integers(1, 3), st.integers(0, 4)),
+                         max_size=12), min_size=2, max_size=4))
+def test_max_concurrent_is_the_largest_sum_at_any_instant(engines):
+    # Each engine's steps: (start, duration, running), in time order; its count
+    # holds from a step's end to its next end. Steps that change no count
+    # (skipped by max_concurrent) must not change the answer.
+    tables, ends = [], set()
+    for raw in engines:
+        t, rows = 0, []
+        for gap, duration, running in raw:
+            t += gap
+            rows.append((float(t), float(duration), running))
+            t += duration
+        tables.append(pd.DataFrame(rows, columns=["start_time_s", "duration_s", "num_running"]))
+        ends.update(a + b for a, b, _ in rows)
+
+    def level(at):          # every engine's count after its last step ending by ``at``
+        total = 0
+        for table in tables:
+            done = table[table.start_time_s + table.duration_s <= at]
+            total += int(done.num_running.iloc[-1]) if len(done) else 0
+        return total
+
+    assert max_concurrent(tables) == max([0, *(level(at) for at in ends)])
+
+
 def test_imbalance_is_max_over_mean():
     assert imbalance([10, 10, 10]) == 1.0
     assert imbalance([30, 0, 0]) == 3.0

