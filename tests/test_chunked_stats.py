@@ -95,6 +95,29 @@ def test_gaps_pooled_in_another_order_are_that_orders_floats(small_chunks, monke
     assert same(scaled_latency_stats("itl", values, 1000.0, order), whole(ordered, 1000.0))
 
 
+@pytest.mark.parametrize("ordered", [False, True])
+def test_many_chunks_are_read_on_threads_with_the_same_floats(small_chunks, monkeypatch, ordered):
+    # 60 chunks of 200 values: read on three threads (each with its own scratch),
+    # the sums added in the tree's order; the floats of numpy on the whole array.
+    rng = np.random.default_rng(21)
+    values = rng.gamma(2.0, 0.01, 12_000)
+    values[rng.integers(0, len(values), 2000)] = 0.0081           # ties across chunks
+    order = None
+    if ordered:
+        bounds = np.unique(np.r_[0, rng.integers(0, len(values), 400), len(values)])
+        shuffle = rng.permutation(len(bounds) - 1)
+        order = chunked_stats.Segments(bounds[:-1][shuffle], np.diff(bounds)[shuffle])
+    threads = []
+    real = chunked_stats.ThreadPoolExecutor
+    monkeypatch.setattr(chunked_stats, "_threads", lambda: 3)
+    monkeypatch.setattr(chunked_stats, "ThreadPoolExecutor",
+                        lambda n, **kw: threads.append(n) or real(n, **kw))
+    got = scaled_latency_stats("itl", values, 1000.0, order)
+    assert threads == [3, 3]                                      # both passes
+    expected = whole(values if order is None else order.take(values), 1000.0)
+    assert same(got, expected)
+
+
 def test_an_order_must_hold_every_value():
     three = chunked_stats.Segments(np.array([0]), np.array([3]))
     with pytest.raises(ValueError, match="an order of 3 values for 4 values"):
